@@ -1,0 +1,44 @@
+# The stable entry point for people, CI and tools. See README.md.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+STAMP   := $(VENV)/.glowlm-installed
+PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-slow lint bench bench-peers clean
+
+install: $(STAMP)
+
+# Idempotent: re-runs only when a pyproject or this file changes. torch is pinned to
+# the CPU build; every plugin installs everywhere (its kernels load only where their
+# ISA runs), editable, in one pip call so core's native-plugin markers resolve locally.
+$(STAMP): core/pyproject.toml $(addsuffix pyproject.toml,$(PLUGINS)) Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip setuptools wheel
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet --no-build-isolation -e './core[dev]' $(addprefix -e ./,$(PLUGINS))
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/glowlm generate --max-tokens 64 --prompt 'def fibonacci(n):'
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install lint
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+test-slow: install
+	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
+
+BENCH_MODELS ?= .bench_models
+$(BENCH_MODELS)/llama-1b-rand/config.json:
+	$(PY) ../shared/bench/make_bench_models.py $(BENCH_MODELS)
+
+bench: install $(BENCH_MODELS)/llama-1b-rand/config.json
+	$(VENV)/bin/glowlm bench latency $(BENCH_MODELS)/llama-1b-rand --dtype bfloat16
+	$(VENV)/bin/glowlm bench throughput $(BENCH_MODELS)/llama-1b-rand --dtype bfloat16
+
+clean:
+	rm -rf $(VENV) build core/build plugins/*/build

@@ -1,0 +1,92 @@
+"""The AttentionBackend interface.
+
+One backend instance serves every attention layer of one engine. Per step the
+model runner builds one :class:`AttentionMetadata` (via :meth:`build_metadata`)
+and passes the same object to every layer: anything that depends only on the
+batch (masks, gathered indices) is computed once there, not per layer.
+
+Batch layout (the contract every backend relies on): the step's sequences are
+ordered **decodes first** (one new token each), then prefill chunks. Tokens are
+flattened in that order; ``query_start_loc[i]:query_start_loc[i+1]`` are
+sequence ``i``'s new tokens, which sit at positions
+``seq_lens[i] - query_lens[i] ... seq_lens[i] - 1`` of that sequence.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step batch description, built once per step, read by every layer."""
+
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    slot_mapping: torch.Tensor      # [num_tokens] int64: cache slot of each new token
+    query_start_loc: torch.Tensor   # [num_seqs + 1] int32
+    seq_lens: torch.Tensor          # [num_seqs] int32: context length after this step
+    block_tables: torch.Tensor      # [num_seqs, max_blocks] int32
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    # Host copies for backends that loop in Python (avoid .item() syncs per layer).
+    query_start_loc_list: list[int] = field(default_factory=list)
+    seq_lens_list: list[int] = field(default_factory=list)
+    # Backend-specific values computed once per step in build_metadata.
+    extras: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.num_decodes + self.num_prefills
+
+
+@dataclass(frozen=True)
+class AttentionLayerSpec:
+    """What a backend needs to know about one attention layer."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    scale: float
+
+
+class AttentionBackend(ABC):
+    """Prefill and decode over a paged KV cache.
+
+    Runs in the engine process (or each worker rank). Owns the KV cache layout:
+    the runner allocates each layer's cache with :meth:`kv_cache_shape` once, at
+    start-up, and never reallocates it.
+    """
+
+    name: str = ""
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_size: int) -> tuple[int, ...]:
+        """Shape of one layer's cache; default ``[2, blocks, kv_heads, block, head]``."""
+        return (2, num_blocks, num_kv_heads, block_size, head_size)
+
+    def build_metadata(self, metadata: AttentionMetadata) -> AttentionMetadata:
+        """Add backend-specific, per-step values to ``metadata`` (once per step)."""
+        return metadata
+
+    @abstractmethod
+    def forward(self, layer: AttentionLayerSpec, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+                ) -> torch.Tensor:
+        """Write ``key``/``value`` into the cache at ``slot_mapping`` and attend.
+
+        ``query``: ``[tokens, num_heads, head_size]``; ``key``/``value``:
+        ``[tokens, num_kv_heads, head_size]``. Returns ``[tokens, num_heads * head_size]``.
+        May modify only ``kv_cache``.
+        """
+
+    def copy_blocks(self, kv_caches: list[torch.Tensor], src: torch.Tensor,
+                    dst: torch.Tensor) -> None:
+        """Copy whole blocks ``src[i] -> dst[i]`` in every layer (copy-on-write forks)."""
+        for cache in kv_caches:
+            cache[:, dst] = cache[:, src]

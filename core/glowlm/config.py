@@ -1,0 +1,82 @@
+"""The engine configuration: one typed, validated object built once.
+
+Precedence: explicit arguments (CLI flags, ``LLM(...)`` keywords) > environment
+variables (read through :mod:`glowlm.envs`) > defaults, which depend on whether
+the engine serves online (smaller batches, lower latency) or runs offline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from glowlm import envs
+from glowlm.errors import ConfigError
+
+OFFLINE_MAX_BATCHED_TOKENS = 4096
+ONLINE_MAX_BATCHED_TOKENS = 2048
+OFFLINE_MAX_SEQS = 256
+ONLINE_MAX_SEQS = 128
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 128
+    max_num_batched_tokens: int = OFFLINE_MAX_BATCHED_TOKENS
+    max_num_seqs: int = OFFLINE_MAX_SEQS
+    kv_cache_space_gib: float | None = 4.0  # None: 'auto'
+    enable_prefix_caching: bool = True
+    allow_pickle: bool = False
+    platform: str | None = None
+    seed: int = 0
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    served_model_name: str | None = None
+    online: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @classmethod
+    def create(cls, model: str, *, online: bool = False, **kwargs: object) -> EngineConfig:
+        """Fill defaults (online/offline, env vars, world size) and validate."""
+        env = envs.get()
+        unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        tp = int(given.get("tensor_parallel_size", 1))  # type: ignore[arg-type]
+        pp = int(given.get("pipeline_parallel_size", 1))  # type: ignore[arg-type]
+        world = tp * pp
+        given.setdefault("max_num_batched_tokens",
+                         (ONLINE_MAX_BATCHED_TOKENS if online else OFFLINE_MAX_BATCHED_TOKENS)
+                         * world)
+        given.setdefault("max_num_seqs", (ONLINE_MAX_SEQS if online else OFFLINE_MAX_SEQS)
+                         * world)
+        if "kv_cache_space_gib" not in kwargs:
+            given["kv_cache_space_gib"] = env.kvcache_space_gib
+        given.setdefault("platform", env.platform)
+        config = cls(model=model, online=online, **given)  # type: ignore[arg-type]
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.block_size <= 0 or self.block_size % 32:
+            raise ConfigError(f"--block-size must be a positive multiple of 32, got "
+                              f"{self.block_size}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError("--max-num-batched-tokens must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ConfigError("--max-num-seqs must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError("--max-model-len must be >= 1")
+        if self.tensor_parallel_size != 1 or self.pipeline_parallel_size != 1:
+            raise ConfigError("tensor and pipeline parallelism are not available yet; "
+                              "use --tensor-parallel-size 1 --pipeline-parallel-size 1")
+        if self.kv_cache_space_gib is not None and self.kv_cache_space_gib <= 0:
+            raise ConfigError("the KV cache space must be > 0 GiB")

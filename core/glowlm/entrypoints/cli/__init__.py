@@ -1,0 +1,1 @@
+"""The ``glowlm`` command: one module per verb, each exposing ``register(subparsers)``."""

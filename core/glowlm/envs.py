@@ -1,0 +1,105 @@
+"""The one module that reads glowlm's environment variables.
+
+Every ``GLOWLM_*`` variable is parsed and validated here into a frozen
+:class:`Env`; the rest of the code receives values, never ``os.environ``. Bad
+values raise :class:`~glowlm.errors.ConfigError` naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from glowlm.errors import ConfigError
+
+#: name -> (default, meaning); the source of the env-var table in docs/configuration.md.
+DOCUMENTED: dict[str, tuple[str, str]] = {
+    "GLOWLM_PLATFORM": ("", "force a platform by name (x86, arm, zen, s390x, apple, generic, ...)"),
+    "GLOWLM_PLUGINS_BLOCK": ("", "comma-separated plugin names not to import at all"),
+    "GLOWLM_CPU_KVCACHE_SPACE": ("4", "KV cache size in GiB, or 'auto' (a share of free memory)"),
+    "GLOWLM_CPU_OMP_THREADS_BIND": ("auto", "'auto', 'nobind', or CPU lists like 0-31|32-63"),
+    "GLOWLM_CPU_NUM_OF_RESERVED_CPU": ("", "CPUs left free for the serving front-end"),
+    "GLOWLM_ZENTORCH_WEIGHT_PREPACK": ("1", "Zen: prepack linear weights for ZenDNN at load"),
+    "GLOWLM_NO_PRELOAD": ("0", "1: never re-exec with LD_PRELOAD (tcmalloc / Intel OpenMP)"),
+    "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
+    "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels even if a plugin has compiled ones"),
+    "GLOWLM_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
+}
+
+
+@dataclass(frozen=True)
+class Env:
+    platform: str | None
+    plugins_block: frozenset[str]
+    kvcache_space_gib: float | None  # None means 'auto'
+    omp_threads_bind: str
+    num_reserved_cpus: int | None
+    zentorch_weight_prepack: bool
+    no_preload: bool
+    kernel_cache: str
+    disable_kernels: bool
+    log_level: str
+
+
+def _bool(name: str, raw: str) -> bool:
+    if raw.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.strip().lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0")
+
+
+def parse(environ: Mapping[str, str]) -> Env:
+    """Build an :class:`Env` from a mapping (``os.environ`` or a test's dict)."""
+
+    def raw(name: str) -> str:
+        return environ.get(name, DOCUMENTED[name][0])
+
+    kv = raw("GLOWLM_CPU_KVCACHE_SPACE").strip().lower()
+    if kv == "auto":
+        kv_gib: float | None = None
+    else:
+        try:
+            kv_gib = float(kv)
+        except ValueError:
+            raise ConfigError(
+                f"GLOWLM_CPU_KVCACHE_SPACE={kv!r} is not a number of GiB or 'auto'"
+            ) from None
+        if kv_gib <= 0:
+            raise ConfigError(f"GLOWLM_CPU_KVCACHE_SPACE must be > 0 GiB, got {kv_gib}")
+    reserved_raw = raw("GLOWLM_CPU_NUM_OF_RESERVED_CPU").strip()
+    reserved: int | None = None
+    if reserved_raw:
+        if not reserved_raw.isdigit():
+            raise ConfigError(
+                f"GLOWLM_CPU_NUM_OF_RESERVED_CPU={reserved_raw!r} is not a non-negative integer"
+            )
+        reserved = int(reserved_raw)
+    level = raw("GLOWLM_LOG_LEVEL").strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"GLOWLM_LOG_LEVEL={level!r}; use DEBUG, INFO, WARNING or ERROR")
+    bind = raw("GLOWLM_CPU_OMP_THREADS_BIND").strip() or "auto"
+    platform = raw("GLOWLM_PLATFORM").strip().lower() or None
+    block = frozenset(
+        p.strip().lower() for p in raw("GLOWLM_PLUGINS_BLOCK").split(",") if p.strip()
+    )
+    return Env(
+        platform=platform,
+        plugins_block=block,
+        kvcache_space_gib=kv_gib,
+        omp_threads_bind=bind,
+        num_reserved_cpus=reserved,
+        zentorch_weight_prepack=_bool(
+            "GLOWLM_ZENTORCH_WEIGHT_PREPACK", raw("GLOWLM_ZENTORCH_WEIGHT_PREPACK")
+        ),
+        no_preload=_bool("GLOWLM_NO_PRELOAD", raw("GLOWLM_NO_PRELOAD")),
+        kernel_cache=os.path.expanduser(raw("GLOWLM_KERNEL_CACHE")),
+        disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
+        log_level=level,
+    )
+
+
+def get() -> Env:
+    """The current process environment, parsed fresh (cheap; keeps tests honest)."""
+    return parse(os.environ)

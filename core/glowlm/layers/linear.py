@@ -1,0 +1,198 @@
+"""Linear layers ready for tensor parallelism, and the LinearMethod interface.
+
+A linear layer owns its *shape* (which shard of the full weight this rank
+holds); its :class:`LinearMethod` owns the *representation* (dense, int4 with
+scales, a prepacked blocked layout) and the matmul. Weight loading goes through
+``param.weight_loader(param, loaded_tensor, shard_id)``, which takes the full
+checkpoint tensor and keeps this rank's slice.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glowlm.distributed.parallel import divide
+from glowlm.errors import ModelLoadError
+from glowlm.layers.context import ModelParts
+
+
+class LinearMethod(ABC):
+    """How a linear layer stores its weight and computes ``x @ W^T + b``.
+
+    Instances are shared by layers; per-layer state lives on the layer. All three
+    methods run in the engine process (each worker rank): ``create_weights`` at
+    model construction, ``process_weights_after_loading`` once after the
+    checkpoint is read (repack, quantize, prepack: it may replace parameters),
+    ``apply`` on every forward.
+    """
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, input_size: int,
+                       output_partition_sizes: Sequence[int], params_dtype: torch.dtype
+                       ) -> None:
+        """Register this rank's parameters on ``layer`` (uninitialised; loading fills them).
+
+        ``input_size`` and ``output_partition_sizes`` are per-rank sizes; each
+        parameter gets ``output_dim``/``input_dim`` attributes so weight loaders
+        know which axis to shard.
+        """
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Turn loaded weights into the form :meth:`apply` wants (default: nothing)."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        """``x``: ``[tokens, input_size]`` -> ``[tokens, sum(output_partition_sizes)]``."""
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    """Dense weights in the model dtype, multiplied by torch's GEMM."""
+
+    def create_weights(self, layer: nn.Module, input_size: int,
+                       output_partition_sizes: Sequence[int], params_dtype: torch.dtype
+                       ) -> None:
+        weight = nn.Parameter(torch.empty(sum(output_partition_sizes), input_size,
+                                          dtype=params_dtype), requires_grad=False)
+        weight.output_dim, weight.input_dim = 0, 1  # type: ignore[attr-defined]
+        layer.register_parameter("weight", weight)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    if param.shape != loaded.shape:
+        raise ModelLoadError(
+            f"tensor {name!r} has shape {tuple(loaded.shape)} but the model expects "
+            f"{tuple(param.shape)}")
+    param.data.copy_(loaded)
+
+
+class LinearBase(nn.Module):
+    """Common parts: the method, the bias, the per-rank sizes."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool,
+                 parts: ModelParts, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.parallel = parts.parallel
+        self.method = parts.linear_method(prefix)
+        self.input_size = input_size
+        self.output_sizes = list(output_sizes)
+        self.method.create_weights(self, input_size, self.output_sizes, parts.dtype)
+        if bias:
+            b = nn.Parameter(torch.empty(sum(self.output_sizes), dtype=parts.dtype),
+                             requires_grad=False)
+            b.output_dim = 0  # type: ignore[attr-defined]
+            self.register_parameter("bias", b)
+        else:
+            self.bias = None
+        for p in self.parameters(recurse=False):
+            p.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x, self.bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: str | int | None = None) -> None:
+        _copy_checked(param, loaded, self.prefix)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool, parts: ModelParts,
+                 prefix: str) -> None:
+        super().__init__(input_size, [output_size], bias, parts, prefix)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across TP ranks; each rank keeps rows ``[r*n/tp, (r+1)*n/tp)``."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool,
+                 parts: ModelParts, prefix: str, gather_output: bool = False) -> None:
+        tp = parts.parallel.tp_size
+        self.full_output_sizes = list(output_sizes)
+        self.gather_output = gather_output
+        super().__init__(input_size, [divide(s, tp, prefix) for s in output_sizes], bias,
+                         parts, prefix)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.method.apply(self, x, self.bias)
+        return self.parallel.all_gather_last_dim(y) if self.gather_output else y
+
+    def _shard(self, loaded: torch.Tensor, dim: int, index: int) -> torch.Tensor:
+        size = self.output_sizes[index]
+        return loaded.narrow(dim, self.parallel.tp_rank * size, size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: str | int | None = None) -> None:
+        dim = getattr(param, "output_dim", None)
+        index = self.shard_index(shard_id)
+        if dim is None:
+            return _copy_checked(param, loaded, self.prefix)
+        offset = sum(self.output_sizes[:index])
+        if shard_id is None and len(self.output_sizes) > 1:  # fused tensor in the checkpoint
+            offset, index = 0, None
+            target = param.data
+            if self.parallel.tp_size == 1:
+                return _copy_checked(target, loaded, self.prefix)
+            raise ModelLoadError(f"{self.prefix}: fused checkpoint tensors cannot be "
+                                 "sharded for tensor parallelism yet")
+        target = param.data.narrow(dim, offset, self.output_sizes[index])
+        _copy_checked(target, self._shard(loaded, dim, index), f"{self.prefix}[{shard_id}]")
+
+    def shard_index(self, shard_id: str | int | None) -> int:
+        return 0 if shard_id is None else int(shard_id)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several projections of the same input fused in one GEMM (gate and up)."""
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q, k, v projection; heads split across ranks (KV heads replicated if fewer)."""
+
+    def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int,
+                 bias: bool, parts: ModelParts, prefix: str) -> None:
+        tp = parts.parallel.tp_size
+        self.kv_replicas = max(1, tp // num_kv_heads)
+        kv_total = max(num_kv_heads, tp) * head_size
+        super().__init__(hidden_size, [num_heads * head_size, kv_total, kv_total], bias, parts,
+                         prefix)
+
+    def shard_index(self, shard_id: str | int | None) -> int:
+        return {"q": 0, "k": 1, "v": 2, None: 0}[shard_id]
+
+    def _shard(self, loaded: torch.Tensor, dim: int, index: int) -> torch.Tensor:
+        size = self.output_sizes[index]
+        rank = self.parallel.tp_rank if index == 0 else self.parallel.tp_rank // self.kv_replicas
+        return loaded.narrow(dim, rank * size, size)
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across TP ranks; partial outputs summed by all-reduce."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, parts: ModelParts,
+                 prefix: str) -> None:
+        super().__init__(divide(input_size, parts.parallel.tp_size, prefix), [output_size],
+                         bias, parts, prefix)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The bias is added once, after the reduction, not on every rank.
+        y = self.method.apply(self, x, None)
+        y = self.parallel.all_reduce(y)
+        return y + self.bias if self.bias is not None else y
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: str | int | None = None) -> None:
+        dim = getattr(param, "input_dim", None)
+        if dim is not None and self.parallel.tp_size > 1:
+            size = param.shape[dim]
+            loaded = loaded.narrow(dim, self.parallel.tp_rank * size, size)
+        _copy_checked(param, loaded, self.prefix)

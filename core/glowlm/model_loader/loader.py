@@ -1,0 +1,127 @@
+"""Load a local Hugging Face directory: config, tokenizer, generation defaults, weights.
+
+Every failure a user can cause (missing file, wrong shape, unknown architecture,
+pickle weights) becomes one :class:`~glowlm.errors.ModelLoadError` line naming the
+file or tensor. Weights are read one tensor at a time into parameters that were
+allocated once in the target dtype, so peak memory is the model plus one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from glowlm.errors import ModelLoadError
+from glowlm.layers.context import ModelParts
+from glowlm.logger import init_logger
+from glowlm.model_loader.checkpoint import count_tensors, iterate_tensors, weight_files
+from glowlm.models.registry import model_class
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class ModelDir:
+    """What a model directory says about itself, before any weight is read."""
+
+    path: Path
+    hf_config: Any
+    dtype: torch.dtype                 # the model's own dtype (config torch_dtype)
+    eos_token_ids: list[int] = field(default_factory=list)
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    max_position_embeddings: int = 2048
+    quantization_config: dict[str, Any] | None = None
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    parts: ModelParts
+    info: ModelDir
+
+
+def _model_dtype(hf_config: Any) -> torch.dtype:
+    raw = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(raw, torch.dtype):
+        return raw
+    if isinstance(raw, str) and hasattr(torch, raw):
+        return getattr(torch, raw)
+    return torch.float32
+
+
+def read_model_dir(path: str | Path) -> ModelDir:
+    """Read config.json and generation_config.json; no weights, no tokenizer."""
+    model_dir = Path(path).expanduser()
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"model directory {model_dir} does not exist (glowlm reads local "
+                             "directories in Hugging Face format)")
+    config_file = model_dir / "config.json"
+    if not config_file.exists():
+        raise ModelLoadError(f"{config_file} is missing")
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{config_file}: invalid JSON ({exc})") from None
+    model_class(raw.get("architectures"))  # unknown architecture: fail before transformers
+    from transformers import AutoConfig
+
+    try:
+        hf_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types
+        raise ModelLoadError(f"{config_file}: {type(exc).__name__}: {exc}") from None
+    eos = raw.get("eos_token_id")
+    gen: dict[str, Any] = {}
+    gen_file = model_dir / "generation_config.json"
+    if gen_file.exists():
+        try:
+            gen = json.loads(gen_file.read_text())
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{gen_file}: invalid JSON ({exc})") from None
+        eos = gen.get("eos_token_id", eos)
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    max_pos = (getattr(hf_config, "max_position_embeddings", None)
+               or getattr(hf_config, "n_positions", None) or 2048)
+    return ModelDir(
+        path=model_dir, hf_config=hf_config, dtype=_model_dtype(hf_config),
+        eos_token_ids=eos_ids,
+        generation_defaults={k: gen[k] for k in ("temperature", "top_p", "top_k",
+                                                 "repetition_penalty") if k in gen},
+        max_position_embeddings=int(max_pos),
+        quantization_config=raw.get("quantization_config"),
+    )
+
+
+def load_model(info: ModelDir, parts: ModelParts, allow_pickle: bool = False,
+               show_progress: bool = True) -> LoadedModel:
+    """Build the model for ``parts`` (dtype, platform ops, backend) and read its weights."""
+    files = weight_files(info.path, allow_pickle)
+    cls = model_class(getattr(info.hf_config, "architectures", None))
+    with torch.device("cpu"):
+        model = cls(info.hf_config, parts)
+    model.eval()
+    total = count_tensors(files) or None
+    bar = tqdm(total=total, desc="Loading weights", unit="tensor", file=sys.stderr,
+               disable=not show_progress, leave=False)
+    try:
+        loaded = model.load_weights(iterate_tensors(files, parts.dtype), progress=bar.update)
+    finally:
+        bar.close()
+    missing = sorted(model.expected_names() - loaded)
+    if missing:
+        shown = ", ".join(m.replace("#", " shard ") for m in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ModelLoadError(f"{info.path}: the checkpoint lacks tensor(s) {shown}{more}")
+    for module in model.modules():
+        method = getattr(module, "method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(module)
+    logger.info("loaded %s (%s, %.0fM parameters) from %s", cls.__name__,
+                str(parts.dtype).removeprefix("torch."),
+                sum(p.numel() for p in model.parameters()) / 1e6, info.path)
+    return LoadedModel(model, parts, info)

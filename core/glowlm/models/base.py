@@ -1,0 +1,95 @@
+"""What every model provides to the runner, and the shared weight-loading loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from glowlm.attention.backend import AttentionMetadata
+from glowlm.errors import ModelLoadError
+
+#: (fused parameter name, checkpoint name, shard id)
+StackedMapping = list[tuple[str, str, str | int]]
+
+
+class CausalLM(nn.Module):
+    """A decoder-only model: tokens + positions + paged cache -> hidden -> logits.
+
+    Subclasses set ``stacked_params`` (checkpoint tensors fused into one of our
+    parameters) and may override :meth:`rename` to map checkpoint names onto
+    their parameter names. ``num_layers``, ``num_kv_heads`` and ``head_size``
+    describe the KV cache the runner must allocate (per rank).
+    """
+
+    stacked_params: StackedMapping = []
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def rename(self, name: str) -> str | None:
+        """Checkpoint name -> parameter name; None to skip the tensor."""
+        return name
+
+    def load_weights(self, weights: Iterable[tuple[str, Callable[[], torch.Tensor]]],
+                     progress: Callable[[], None] | None = None) -> set[str]:
+        """Copy checkpoint tensors into parameters, one tensor in memory at a time.
+
+        ``weights`` yields ``(name, load)`` where ``load()`` reads that tensor only
+        when it is needed. Returns the parameter names that were filled; the
+        caller checks nothing is missing.
+        """
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for raw_name, load in weights:
+            if progress:
+                progress()
+            name = self.rename(raw_name)
+            if name is None:
+                continue
+            for fused, part, shard in self.stacked_params:
+                if f".{part}." in name:
+                    target = name.replace(f".{part}.", f".{fused}.")
+                    if target in params:
+                        param = params[target]
+                        param.weight_loader(param, load(), shard)
+                        loaded.add(f"{target}#{shard}")
+                        break
+            else:
+                if name not in params:
+                    continue  # buffers and tensors we derive (rotary inv_freq, masks)
+                param = params[name]
+                loader = getattr(param, "weight_loader", None)
+                tensor = load()
+                if loader is not None:
+                    loader(param, tensor)
+                else:
+                    if param.shape != tensor.shape:
+                        raise ModelLoadError(f"tensor {raw_name!r} has shape "
+                                             f"{tuple(tensor.shape)} but the model expects "
+                                             f"{tuple(param.shape)}")
+                    param.data.copy_(tensor)
+                loaded.add(name)
+        return loaded
+
+    def expected_names(self) -> set[str]:
+        """Names :meth:`load_weights` must report for the model to be complete."""
+        names: set[str] = set()
+        fused = {f for f, _, _ in self.stacked_params}
+        for name, _ in self.named_parameters():
+            head = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+            if head in fused:
+                for f, _, shard in self.stacked_params:
+                    if f == head:
+                        names.add(f"{name}#{shard}")
+            else:
+                names.add(name)
+        return names

@@ -1,0 +1,171 @@
+"""Llama and its close relatives: Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
+
+They differ only in switches read from the config, so one implementation with
+those switches keeps the four in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from glowlm.attention.backend import AttentionMetadata
+from glowlm.layers.activation import SiluAndMul
+from glowlm.layers.attention import Attention
+from glowlm.layers.context import ModelParts
+from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from glowlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from glowlm.layers.norm import RMSNorm
+from glowlm.layers.rotary import RotaryEmbedding, rope_settings
+from glowlm.models.base import CausalLM
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: Any, index: int, parts: ModelParts, prefix: str,
+                 qkv_bias: bool, qk_norm: bool, o_bias: bool) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_size = getattr(config, "head_dim", None) or hidden // self.num_heads
+        tp = parts.parallel.tp_size
+        self.q_size = self.num_heads * self.head_size // tp
+        self.kv_size = max(1, self.num_kv_heads // tp) * self.head_size
+        self.qkv_proj = QKVParallelLinear(hidden, self.head_size, self.num_heads,
+                                          self.num_kv_heads, qkv_bias, parts, f"{prefix}.qkv_proj")
+        self.o_proj = RowParallelLinear(self.num_heads * self.head_size, hidden,
+                                        o_bias, parts, f"{prefix}.o_proj")
+        theta, scaling = rope_settings(config)
+        self.rotary = RotaryEmbedding(self.head_size, self.head_size,
+                                      config.max_position_embeddings, theta, True, scaling, parts)
+        self.q_norm = self.k_norm = None
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_size, config.rms_norm_eps, parts)
+            self.k_norm = RMSNorm(self.head_size, config.rms_norm_eps, parts)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_size,
+                              self.head_size ** -0.5, index, parts)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_caches: list[torch.Tensor],
+                metadata: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(q.shape[0], -1, self.head_size)
+        k = k.reshape(k.shape[0], -1, self.head_size)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_caches, metadata))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: Any, parts: ModelParts, prefix: str) -> None:
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size, [inter, inter], getattr(config, "mlp_bias", False), parts,
+            f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(inter, config.hidden_size,
+                                           getattr(config, "mlp_bias", False), parts,
+                                           f"{prefix}.down_proj")
+        if getattr(config, "hidden_act", "silu") != "silu":
+            from glowlm.errors import ModelLoadError
+
+            raise ModelLoadError(f"hidden_act {config.hidden_act!r} is not supported for this "
+                                 "architecture (supported: silu)")
+        self.act = SiluAndMul(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: Any, index: int, parts: ModelParts, prefix: str,
+                 qkv_bias: bool, qk_norm: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, index, parts, f"{prefix}.self_attn", qkv_bias,
+                                        qk_norm, o_bias)
+        self.mlp = LlamaMLP(config, parts, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, parts)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, parts)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, kv_caches, metadata)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: Any, parts: ModelParts, qkv_bias: bool, qk_norm: bool,
+                 o_bias: bool) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parts,
+                                                   "model.embed_tokens")
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, parts, f"model.layers.{i}", qkv_bias, qk_norm, o_bias)
+            for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, parts)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, kv_caches, metadata)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class LlamaForCausalLM(CausalLM):
+    qkv_bias = False
+    qk_norm = False
+    stacked_params = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"),
+                      ("qkv_proj", "v_proj", "v"), ("gate_up_proj", "gate_proj", 0),
+                      ("gate_up_proj", "up_proj", 1)]
+
+    def __init__(self, config: Any, parts: ModelParts) -> None:
+        super().__init__()
+        # Llama/Qwen3 `attention_bias` covers q, k, v and o; Qwen2 always has q, k, v
+        # biases and never an o bias.
+        config_bias = bool(getattr(config, "attention_bias", False))
+        self.model = LlamaModel(config, parts, self.qkv_bias or config_bias, self.qk_norm,
+                                config_bias and not self.qkv_bias)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parts, "lm_head")
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tied:
+            self.lm_head.tie(self.model.embed_tokens)
+        attn = self.model.layers[0].self_attn
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = attn.attn.spec.num_kv_heads
+        self.head_size = attn.head_size
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def rename(self, name: str) -> str | None:
+        if "rotary_emb" in name or (self.tied and name == "lm_head.weight"):
+            return None
+        return name
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    qkv_bias = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    qk_norm = True

@@ -1,0 +1,1 @@
+"""Numerical building blocks: pure-PyTorch references and the per-platform ops table."""

@@ -1,0 +1,77 @@
+"""Pure-PyTorch reference implementations of every op a plugin may replace.
+
+These run on any CPU and define the contract: each compiled kernel a plugin
+registers is tested against the function of the same name here, with stated
+tolerances. Norms and softmax accumulate in float32 whatever the input dtype,
+because that is what the models were trained with and what transformers does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / rms(x) * weight`` over the last dim; math in float32, result in x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf.to(x.dtype) * weight) if weight.dtype == x.dtype else (xf * weight.float()).to(
+        x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual += x`` then RMSNorm of the sum; returns ``(normed, new_residual)``.
+
+    The sum is rounded to the activation dtype before the norm, as an unfused
+    model in that dtype would do, so fused and unfused outputs agree bit for bit.
+    """
+    residual = x + residual
+    return rms_norm(residual, weight, eps), residual
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, rotary_dim: int, is_neox: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate the first ``rotary_dim`` features of each head of q and k.
+
+    ``query``/``key``: ``[tokens, heads, head_size]``. ``cos_sin_cache``:
+    ``[max_position, rotary_dim]`` holding cos in the first half, sin in the
+    second (float32). Neox style rotates the two halves; GPT-J style rotates
+    interleaved pairs.
+    """
+    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)  # [T, rot/2]
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
+        if is_neox:
+            x1, x2 = rot.chunk(2, dim=-1)
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return torch.cat((out.to(x.dtype), rest), dim=-1) if rest.numel() else out.to(x.dtype)
+
+    return rotate(query), rotate(key)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` for the fused gate/up projection."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """The tanh approximation GPT-2 uses (``gelu_new``)."""
+    return F.gelu(x, approximate="tanh")
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x)

@@ -1,0 +1,33 @@
+"""The set of replaceable ops a platform hands to the model layers.
+
+Layers call ``ops.rms_norm(...)`` on the table their platform gave them, never a
+kernel library directly, so a plugin swaps implementations without touching
+models. Every field has the signature of the function of the same name in
+:mod:`glowlm.ops.reference`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from glowlm.ops import reference
+
+
+@dataclass(frozen=True)
+class OpsTable:
+    rms_norm: Callable = reference.rms_norm
+    fused_add_rms_norm: Callable = reference.fused_add_rms_norm
+    rotary_embedding: Callable = reference.rotary_embedding
+    silu_and_mul: Callable = reference.silu_and_mul
+    gelu: Callable = reference.gelu
+    gelu_tanh: Callable = reference.gelu_tanh
+    relu: Callable = reference.relu
+
+    def replaced(self) -> list[str]:
+        """Names of ops that differ from core's reference (for start-up reports)."""
+        return [f.name for f in fields(self) if getattr(self, f.name) is not getattr(
+            REFERENCE_OPS, f.name)]
+
+
+REFERENCE_OPS = OpsTable()

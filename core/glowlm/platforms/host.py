@@ -1,0 +1,305 @@
+"""What a platform detector looks at: a description of one host.
+
+A :class:`HostInfo` is read from the live machine (``/proc/cpuinfo``, ``/sys``,
+``sysctl`` on macOS) or from recorded files, so anyone can ask "what would be
+chosen on that machine" (``glowlm platforms --cpuinfo FILE``). Detectors only
+read it; it is frozen. Parsing is tolerant: an unfamiliar dump yields fewer
+facts, never an exception, because detection must not fail on a strange host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import platform as _platform
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from glowlm.errors import ConfigError
+
+# Arm "CPU implementer" codes and, for the common server cores, "CPU part" codes
+# (from the Arm and vendor technical reference manuals), so an aarch64 host gets a
+# readable model name: Linux prints no "model name" line there.
+_ARM_IMPLEMENTERS = {"0x41": "ARM", "0x46": "Fujitsu", "0x48": "HiSilicon", "0x4e": "NVIDIA",
+                     "0x51": "Qualcomm", "0x61": "Apple", "0xc0": "Ampere"}
+_ARM_PARTS = {("0x41", "0xd03"): "Cortex-A53", ("0x41", "0xd08"): "Cortex-A72",
+              ("0x41", "0xd0b"): "Cortex-A76", ("0x41", "0xd0c"): "Neoverse-N1",
+              ("0x41", "0xd40"): "Neoverse-V1", ("0x41", "0xd49"): "Neoverse-N2",
+              ("0x41", "0xd4f"): "Neoverse-V2", ("0x41", "0xd84"): "Neoverse-V3",
+              ("0x41", "0xd8e"): "Neoverse-N3", ("0xc0", "0xac3"): "AmpereOne",
+              ("0x48", "0xd01"): "Kunpeng-920", ("0x46", "0x001"): "A64FX"}
+# IBM Z machine types (the "machine = NNNN" field) -> generation.
+_S390_MACHINES = {"2964": "z13", "2965": "z13s", "3906": "z14", "3907": "z14 ZR1",
+                  "8561": "z15", "8562": "z15 T02", "3931": "z16", "3932": "z16 A02",
+                  "9175": "z17", "9176": "z17"}
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    cpus: tuple[int, ...]
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """A CPU host as detectors see it.
+
+    ``machine`` is what ``uname -m`` prints (``x86_64``, ``aarch64``, ``arm64``,
+    ``s390x``, ``ppc64le``, ``riscv64``), ``system`` what ``platform.system()``
+    returns (``Linux``, ``Darwin``). ``flags`` holds whole-word CPU feature flags
+    (``avx512f``, ``asimd``, ``bf16``, ``vxe``...), lower case. ``modules`` is the
+    set of Python modules assumed importable for a recorded host; ``None`` means
+    "probe the live interpreter".
+    """
+
+    machine: str
+    system: str
+    vendor: str = ""
+    model_name: str = ""
+    flags: frozenset[str] = frozenset()
+    logical_cpus: int = 0
+    physical_cores: int = 0
+    numa_nodes: tuple[NumaNode, ...] = ()
+    source: str = "live"
+    modules: frozenset[str] | None = None
+    sysctl: Mapping[str, str] = field(default_factory=dict)
+
+    def has_flag(self, flag: str) -> bool:
+        """Whole-word match: ``avx`` is not ``avx2``, ``bf16`` is not ``avx512_bf16``."""
+        return flag.lower() in self.flags
+
+    def has_module(self, name: str) -> bool:
+        """Whether ``import name`` succeeds here (or is assumed to, for a recorded host).
+
+        Live probing really imports the module (a package can be present and still
+        fail to load, e.g. against the wrong torch), so detectors call this last.
+        """
+        if self.modules is not None:
+            return name in self.modules
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - any import failure means "not usable"
+            return False
+        return True
+
+
+def _split_kv(line: str) -> tuple[str, str] | None:
+    if ":" not in line:
+        return None
+    key, _, value = line.partition(":")
+    return key.strip().lower(), value.strip()
+
+
+def _riscv_flags(isa: str) -> set[str]:
+    """``rv64imafdcv_zba_zbb`` -> single-letter extensions plus the ``z*``/``s*`` names."""
+    base, *extensions = isa.lower().split("_")
+    letters = re.sub(r"^rv(32|64|128)", "", base)
+    return set(letters) | {e for e in extensions if e}
+
+
+def parse_cpuinfo(text: str) -> dict[str, object]:
+    """Vendor, model name, flags and counts from a Linux ``/proc/cpuinfo`` dump.
+
+    Flags are the first x86 ``flags``, Arm ``Features`` or s390x ``features`` line,
+    split into whole words. RISC-V flags come from the ``isa`` string; POWER has
+    none but ``altivec``. The model name is the x86 ``model name``, the RISC-V
+    ``uarch``, the POWER ``cpu``, the Arm part number or the IBM Z machine type.
+    """
+    first: dict[str, str] = {}
+    processors = 0
+    cores: set[tuple[str, str]] = set()
+    physical_id = "0"
+    for line in text.splitlines():
+        kv = _split_kv(line)
+        if kv is None:
+            continue
+        key, value = kv
+        first.setdefault(key, value)
+        if key == "processor":
+            processors += 1
+        elif key == "physical id":
+            physical_id = value
+        elif key == "core id":
+            cores.add((physical_id, value))
+    flags: set[str] = set()
+    for key in ("flags", "features"):
+        if key in first:
+            flags = {f.lower() for f in first[key].split()}
+            break
+    if "isa" in first:
+        flags |= _riscv_flags(first["isa"])
+    if "altivec supported" in first.get("cpu", ""):
+        flags.add("altivec")
+    vendor = first.get("vendor_id") or first.get("vendor") or ""
+    implementer = first.get("cpu implementer", "").lower()
+    if not vendor and implementer:
+        vendor = _ARM_IMPLEMENTERS.get(implementer, implementer)
+    model = (first.get("model name") or first.get("uarch") or first.get("cpu")
+             or first.get("isa") or "")
+    if not model and implementer:
+        part = first.get("cpu part", "").lower()
+        model = f"{vendor} {_ARM_PARTS.get((implementer, part), f'part {part}')}"
+    if vendor == "IBM/S390":
+        m = re.search(r"machine\s*=\s*(\w+)", text)
+        if m:
+            model = f"IBM {_S390_MACHINES.get(m.group(1), 'Z')} (machine type {m.group(1)})"
+        m = re.search(r"#\s*processors\s*:\s*(\d+)", text)
+        processors = int(m.group(1)) if m else processors
+    return {
+        "vendor": vendor,
+        "model_name": model,
+        "flags": frozenset(flags),
+        "logical_cpus": processors,
+        "physical_cores": len(cores) or processors,
+    }
+
+
+def guess_machine(cpuinfo_text: str) -> str:
+    """The ``uname -m`` a ``/proc/cpuinfo`` dump came from, or ``''`` if unclear.
+
+    Lets ``glowlm platforms --cpuinfo FILE`` work without ``--machine``.
+    """
+    info = {k: v for k, v in filter(None, map(_split_kv, cpuinfo_text.splitlines()))}
+    if info.get("vendor_id") in ("GenuineIntel", "AuthenticAMD", "HygonGenuine"):
+        return "x86_64"
+    if info.get("vendor_id") == "IBM/S390":
+        return "s390x"
+    if "cpu implementer" in info:
+        return "aarch64"
+    if info.get("isa", "").startswith("rv64"):
+        return "riscv64"
+    if info.get("cpu", "").startswith("POWER"):
+        return "ppc64le"
+    return ""
+
+
+def parse_sysctl(text: str) -> dict[str, str]:
+    """``sysctl -a`` output (``key: value`` lines) as a dict."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _host_from_sysctl(values: Mapping[str, str], machine: str, source: str) -> HostInfo:
+    """macOS: ``hw.optional.*`` keys set to 1 become flags (``arm.FEAT_BF16`` -> ``bf16``).
+
+    NEON is architectural on arm64, so ``asimd`` (the Linux name detectors use) is
+    set unless the dump says ``hw.optional.neon: 0``.
+    """
+    flags = {
+        k.rsplit(".", 1)[-1].lower().removeprefix("feat_")
+        for k, v in values.items()
+        if k.startswith("hw.optional.") and v.strip() == "1"
+    }
+    if machine == "arm64" and values.get("hw.optional.neon", "1") == "1":
+        flags.add("asimd")
+    return HostInfo(
+        machine=machine,
+        system="Darwin",
+        vendor="Apple" if machine == "arm64" else values.get("machdep.cpu.vendor", ""),
+        model_name=values.get("machdep.cpu.brand_string", ""),
+        flags=frozenset(flags),
+        logical_cpus=int(values.get("hw.logicalcpu", "0") or 0),
+        physical_cores=int(values.get("hw.physicalcpu", "0") or 0),
+        source=source,
+        sysctl=dict(values),
+    )
+
+
+def _parse_cpulist(text: str) -> tuple[int, ...]:
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(cpus)
+
+
+def read_numa_nodes(sys_root: str = "/sys") -> tuple[NumaNode, ...]:
+    """NUMA nodes with their CPUs and memory from ``/sys/devices/system/node``."""
+    base = Path(sys_root) / "devices/system/node"
+    nodes: list[NumaNode] = []
+    if not base.is_dir():
+        return ()
+    for d in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        try:
+            cpus = _parse_cpulist((d / "cpulist").read_text())
+        except OSError:
+            cpus = ()
+        mem = 0
+        try:
+            m = re.search(r"MemTotal:\s+(\d+)\s+kB", (d / "meminfo").read_text())
+            mem = int(m.group(1)) * 1024 if m else 0
+        except OSError:
+            pass
+        nodes.append(NumaNode(int(d.name[4:]), cpus, mem))
+    return tuple(nodes)
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} dump {path!r}: {exc.strerror}") from None
+
+
+def from_files(
+    *,
+    machine: str | None = None,
+    system: str | None = None,
+    cpuinfo: str | None = None,
+    sysctl: str | None = None,
+    modules: frozenset[str] = frozenset(),
+) -> HostInfo:
+    """A recorded host: a ``/proc/cpuinfo`` or ``sysctl -a`` dump plus ``uname -m``.
+
+    ``machine`` defaults to what the dump implies (``hw.machine`` for sysctl, the
+    vendor/implementer fields for cpuinfo); ``system`` to Darwin for a sysctl dump
+    and Linux otherwise. ``modules`` are the Python modules assumed importable there
+    (a recorded host never probes this interpreter).
+    """
+    if sysctl is not None:
+        values = parse_sysctl(_read(sysctl, "sysctl"))
+        host = _host_from_sysctl(values, machine or values.get("hw.machine", ""), sysctl)
+        return dataclasses.replace(host, system=system or "Darwin", modules=frozenset(modules))
+    text = _read(cpuinfo, "cpuinfo") if cpuinfo else ""
+    machine = machine or guess_machine(text)
+    if not machine:
+        raise ConfigError("cannot tell the architecture of this cpuinfo dump; "
+                          "pass --machine (x86_64, aarch64, s390x, ppc64le, riscv64)")
+    info = parse_cpuinfo(text)
+    return HostInfo(machine=machine, system=system or "Linux", source=cpuinfo or "none",
+                    modules=frozenset(modules), **info)  # type: ignore[arg-type]
+
+
+def live() -> HostInfo:
+    """This machine, read once per call (detectors must be cheap; callers cache)."""
+    machine = _platform.machine()
+    system = _platform.system()
+    if system == "Darwin":
+        import subprocess
+
+        try:
+            out = subprocess.run(["sysctl", "-a"], capture_output=True, text=True, timeout=10)
+            values = parse_sysctl(out.stdout)
+        except (OSError, subprocess.SubprocessError):
+            values = {}
+        return _host_from_sysctl(values, machine, "sysctl -a")
+    info: dict[str, object] = {}
+    try:
+        info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        info = {"logical_cpus": os.cpu_count() or 1, "physical_cores": os.cpu_count() or 1}
+    return HostInfo(machine=machine, system=system, numa_nodes=read_numa_nodes(),
+                    source="/proc/cpuinfo", **info)  # type: ignore[arg-type]
