@@ -138,6 +138,8 @@ def parse_cpuinfo(text: str) -> dict[str, object]:
     if "altivec supported" in first.get("cpu", ""):
         flags.add("altivec")
     vendor = first.get("vendor_id") or first.get("vendor") or ""
+    if not vendor and first.get("cpu", "").startswith("POWER"):
+        vendor = "IBM"
     implementer = first.get("cpu implementer", "").lower()
     if not vendor and implementer:
         vendor = _ARM_IMPLEMENTERS.get(implementer, implementer)
@@ -145,11 +147,12 @@ def parse_cpuinfo(text: str) -> dict[str, object]:
              or first.get("isa") or "")
     if not model and implementer:
         part = first.get("cpu part", "").lower()
-        model = f"{vendor} {_ARM_PARTS.get((implementer, part), f'part {part}')}"
+        model = _ARM_PARTS.get((implementer, part), f"part {part}")
     if vendor == "IBM/S390":
         m = re.search(r"machine\s*=\s*(\w+)", text)
-        if m:
-            model = f"IBM {_S390_MACHINES.get(m.group(1), 'Z')} (machine type {m.group(1)})"
+        mtype = m.group(1) if m else first.get("machine", "")
+        if mtype:
+            model = f"IBM {_S390_MACHINES.get(mtype, 'Z')} (machine type {mtype})"
         m = re.search(r"#\s*processors\s*:\s*(\d+)", text)
         processors = int(m.group(1)) if m else processors
     return {

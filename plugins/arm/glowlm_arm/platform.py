@@ -1,0 +1,54 @@
+"""The Arm platform: Linux on aarch64 with NEON (``asimd``), BF16 where the CPU has it.
+
+``bf16`` is the Linux cpuinfo name of ARMv8.6-A FEAT_BF16 (BFDOT/BFMMLA), present
+on Neoverse V1/V2/N2 (Graviton 3/4, Grace) and absent on Neoverse N1 (Graviton 2,
+Ampere Altra). It is matched as a whole word: ``svebf16`` alone does not count.
+"""
+
+from __future__ import annotations
+
+import torch
+from glowlm.platforms.host import HostInfo
+from glowlm.platforms.interface import Capabilities, Match, Platform
+
+
+class ArmPlatform(Platform):
+    """Linux aarch64 with NEON.
+
+    dtypes: bfloat16 first where the CPU has ``bf16`` (native BFDOT/BFMMLA GEMMs),
+    then float32, float16. Without ``bf16`` the list is float32, float16: a
+    bfloat16 model then runs in float32 (with a log line), and ``--dtype bfloat16``
+    is refused, because emulated bfloat16 on such cores is slower than float32.
+    No quantization methods are declared.
+    """
+
+    name = "arm"
+    rank = 100
+
+    @classmethod
+    def detect(cls, host: HostInfo) -> Match:
+        if host.system != "Linux" or host.machine != "aarch64":
+            return Match(False, f"needs Linux on aarch64; this host is {host.system or '?'} "
+                                f"{host.machine or '?'}")
+        if not host.has_flag("asimd"):
+            return Match(False, "aarch64 CPU without asimd (NEON) in its features")
+        if host.has_flag("bf16"):
+            return Match(True, "aarch64 CPU with asimd and bf16: NEON path with native "
+                               "bfloat16", isa="neon-bf16")
+        return Match(True, "aarch64 CPU with asimd but no bf16: NEON path, bfloat16 "
+                           "unavailable", isa="neon")
+
+    @classmethod
+    def capabilities_for(cls, host: HostInfo, match: Match) -> Capabilities:
+        if match.isa == "neon-bf16":
+            dtypes = (torch.bfloat16, torch.float32, torch.float16)
+        else:
+            dtypes = (torch.float32, torch.float16)
+        return Capabilities(isa=match.isa or "neon", dtypes=dtypes)
+
+    def startup_notes(self) -> list[str]:
+        notes = super().startup_notes()
+        if self.capabilities.isa == "neon":
+            notes.append("this Arm CPU has no bf16 (ARMv8.6 FEAT_BF16): bfloat16 is not "
+                         "supported; bfloat16 models run in float32")
+        return notes

@@ -1,0 +1,50 @@
+"""The IBM Z platform: Linux on s390x with the vector-enhancements facility (``vxe``).
+
+``vxe`` (vector-enhancements facility 1, which adds single-precision vector
+floating point) is what torch's s390x vector kernels need; ``vx`` alone (z13)
+is not enough. The kernel prints ``vxe`` from z14 on and adds ``vxe2`` on z15;
+the supported target is z15 or newer, so a z14 runs with a note.
+"""
+
+from __future__ import annotations
+
+import torch
+from glowlm.platforms.host import HostInfo
+from glowlm.platforms.interface import Capabilities, Match, Platform
+
+NO_VXE = ("needs the vector-enhancements facility (vxe, z15 or newer; z14 also has it); "
+          "this CPU's features lack vxe")
+
+
+class S390xPlatform(Platform):
+    """Linux s390x with vxe. Experimental.
+
+    dtypes: float32 first (the fallback), bfloat16, float16, all supported. The
+    quantization methods are those of x86 (AWQ, GPTQ 4-bit, compressed-tensors).
+    """
+
+    name = "s390x"
+    rank = 100
+
+    @classmethod
+    def detect(cls, host: HostInfo) -> Match:
+        if host.system != "Linux" or host.machine != "s390x":
+            return Match(False, f"needs Linux on s390x (IBM Z); this host is "
+                                f"{host.system or '?'} {host.machine or '?'}")
+        if not host.has_flag("vxe"):
+            return Match(False, NO_VXE)
+        return Match(True, "s390x CPU with vxe (vector-enhancements facility): "
+                           "z/Architecture vector path, experimental", isa="vxe")
+
+    @classmethod
+    def capabilities_for(cls, host: HostInfo, match: Match) -> Capabilities:
+        return Capabilities(isa="vxe", dtypes=(torch.float32, torch.bfloat16, torch.float16),
+                            quantization=("awq", "gptq", "compressed-tensors"),
+                            status="experimental")
+
+    def startup_notes(self) -> list[str]:
+        notes = super().startup_notes()
+        if not self.host.has_flag("vxe2"):
+            notes.append("this IBM Z has vxe but not vxe2 (z14): the tested target is "
+                         "z15 or newer")
+        return notes

@@ -1,0 +1,84 @@
+"""The x86 platform: Linux on x86_64 with AVX-512 (recommended) or AVX2 (limited).
+
+Detection is one whole-word look at the CPU flags: ``avx512f`` gives the AVX-512
+path, ``avx2`` alone the slower AVX2 path (with a start-up warning saying so),
+neither a miss naming both flags. The AMD Zen platform (``glowlm-zen``)
+subclasses this class and ranks above it.
+"""
+
+from __future__ import annotations
+
+import torch
+from glowlm.platforms.host import HostInfo
+from glowlm.platforms.interface import Capabilities, Match, Platform
+
+X86_MACHINES = ("x86_64", "amd64")
+#: Checkpoint quantization methods (``quant_method``) the x86 platform declares.
+X86_QUANTIZATION = ("awq", "gptq", "compressed-tensors")
+AVX2_WARNING = ("AVX2-only CPU: the AVX-512 kernels are unavailable; attention and GEMM "
+                "use the slower AVX2 path")
+ZENTORCH_HINT = ("AMD Zen CPU with AVX-512 detected but zentorch is not installed: running "
+                 "the x86 (oneDNN) path; `pip install glowlm-zen[zentorch]` enables AMD's "
+                 "ZenDNN kernels")
+
+
+class X86Platform(Platform):
+    """Linux x86_64 with AVX-512 or AVX2.
+
+    dtypes, in preference order: bfloat16, float32, float16. bfloat16 comes first
+    because it is what the docs recommend on CPU (half the memory traffic of
+    float32, the float32 exponent range, and native on CPUs with ``avx512_bf16``
+    or AMX); float16 comes last because torch's CPU float16 kernels are uneven.
+    All three are supported, so the order only decides the fallback for a model
+    whose dtype is none of them.
+
+    Kernels: :meth:`attention_backend`, :meth:`ops` and
+    :meth:`unquantized_linear_method` are inherited from :class:`Platform` (core's
+    pure-PyTorch reference, which torch runs through oneDNN/MKL) until the compiled
+    kernels of ``glowlm_x86.kernels`` land; they will be overridden here and named in
+    ``Capabilities.kernels``.
+    """
+
+    name = "x86"
+    rank = 100
+
+    @classmethod
+    def detect(cls, host: HostInfo) -> Match:
+        if host.system != "Linux":
+            return Match(False, f"needs Linux; this host runs {host.system or 'an unknown OS'}")
+        if host.machine.lower() not in X86_MACHINES:
+            return Match(False, f"needs an x86_64 CPU; this host is {host.machine or 'unknown'}")
+        if host.has_flag("avx512f"):
+            return Match(True, "x86_64 CPU with avx512f: AVX-512 path (recommended)",
+                         isa="avx512")
+        if host.has_flag("avx2"):
+            return Match(True, "x86_64 CPU with avx2 but no avx512f: limited AVX2 path",
+                         isa="avx2")
+        best = next((f for f in ("avx", "sse4_2", "sse4_1", "ssse3", "sse2")
+                     if host.has_flag(f)), "none")
+        return Match(False, f"x86_64 CPU lacks avx2 and avx512f (best SIMD flag: {best}); "
+                            "the x86 kernels need at least AVX2")
+
+    @classmethod
+    def capabilities_for(cls, host: HostInfo, match: Match) -> Capabilities:
+        return Capabilities(
+            isa=match.isa or "avx2",
+            dtypes=(torch.bfloat16, torch.float32, torch.float16),
+            quantization=X86_QUANTIZATION,
+        )
+
+    def startup_notes(self) -> list[str]:
+        notes = super().startup_notes()
+        if self.capabilities.isa == "avx2":
+            notes.append(AVX2_WARNING)
+        elif not (self.host.has_flag("avx512_bf16") or self.host.has_flag("amx_bf16")):
+            notes.append("no avx512_bf16/amx_bf16: bfloat16 matmuls are converted through "
+                         "float32 (correct, slower than on CPUs with native bf16)")
+        if is_amd_avx512(self.host) and not self.host.has_module("zentorch"):
+            notes.append(ZENTORCH_HINT)
+        return notes
+
+
+def is_amd_avx512(host: HostInfo) -> bool:
+    """An AMD CPU with AVX-512 (Zen 4 or newer): where the Zen platform can apply."""
+    return host.vendor == "AuthenticAMD" and host.has_flag("avx512f")

@@ -1,0 +1,18 @@
+"""The hook implementations glowlm finds through the ``glowlm.plugins`` entry point.
+
+Kept separate from :mod:`glowlm_x86.platform` so that importing the plugin stays
+cheap and other plugins (Zen) can import the platform class without registering
+this plugin's hooks twice.
+"""
+
+from __future__ import annotations
+
+from glowlm.platforms.interface import Platform
+from glowlm.plugins.hookspecs import hookimpl
+
+from glowlm_x86.platform import X86Platform
+
+
+@hookimpl
+def glowlm_platforms() -> list[type[Platform]]:
+    return [X86Platform]
