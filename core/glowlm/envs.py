@@ -23,7 +23,8 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_ZENTORCH_WEIGHT_PREPACK": ("1", "Zen: prepack linear weights for ZenDNN at load"),
     "GLOWLM_NO_PRELOAD": ("0", "1: never re-exec with LD_PRELOAD (tcmalloc / Intel OpenMP)"),
     "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
-    "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels even if a plugin has compiled ones"),
+    "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
+                                    "compiled ones"),
     "GLOWLM_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
 }
 

@@ -44,6 +44,7 @@ class LinearMethod(ABC):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Turn loaded weights into the form :meth:`apply` wants (default: nothing)."""
+        return None
 
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None

@@ -286,6 +286,18 @@ def from_files(
                     modules=frozenset(modules), **info)  # type: ignore[arg-type]
 
 
+def from_dump(path: str | os.PathLike[str], modules: frozenset[str] = frozenset()
+              ) -> HostInfo:
+    """A recorded host from one dump file, ``sysctl -a`` or ``/proc/cpuinfo`` by content.
+
+    The one-liner plugin tests use: ``from_dump("hosts/graviton3.cpuinfo")``.
+    """
+    text = _read(str(path), "host")
+    is_sysctl = any(line.startswith(("hw.", "machdep.")) for line in text.splitlines())
+    kind = "sysctl" if is_sysctl else "cpuinfo"
+    return from_files(modules=frozenset(modules), **{kind: str(path)})
+
+
 def live() -> HostInfo:
     """This machine, read once per call (detectors must be cheap; callers cache)."""
     machine = _platform.machine()

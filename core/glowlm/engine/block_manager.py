@@ -1,0 +1,170 @@
+"""Paged KV cache bookkeeping: block tables, reference counts, prefix cache.
+
+Blocks are reference counted so sequences can share them (forks of one
+prompt, identical prefixes of different requests). A block that is full and
+computed gets a hash of its tokens chained to the hash of everything before it;
+with prefix caching on, a new sequence reuses blocks whose hashes match, and a
+block freed by its last user stays findable until it is evicted, least recently
+freed first. The deepest blocks of a freed sequence are evicted before its
+shallow ones, because shallow ones are shared by more prompts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from glowlm.engine.sequence import Sequence
+
+
+def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
+    """Content hash of a full block given its predecessor's hash (16 bytes of BLAKE2b)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"root")
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0   # prompt tokens looked up
+    hits: int = 0      # of those, tokens found in the cache
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.hash_of: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}
+        # Free blocks in eviction order (front = evicted first); values unused.
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.stats = PrefixCacheStats()
+
+    # -- queries -----------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / self.num_blocks
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks ``seq`` needs to hold ``num_tokens`` tokens in total."""
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_needed(seq, num_tokens) <= len(self.free)
+
+    # -- allocation ---------------------------------------------------------------------
+
+    def _take_free(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        old = self.hash_of[block]
+        if old is not None:  # evict its cached content
+            if self.cached.get(old) == block:
+                del self.cached[old]
+            self.hash_of[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def _ref(self, block: int) -> None:
+        if self.ref_counts[block] == 0:
+            del self.free[block]
+        self.ref_counts[block] += 1
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Attach cached blocks for the longest cached prefix of a fresh sequence.
+
+        Returns the number of tokens found. At least one token is always left to
+        compute, because the last position's logits are needed for sampling.
+        """
+        if not self.enable_prefix_caching or seq.block_table:
+            return 0
+        tokens = seq.token_ids
+        full = (len(tokens) - 1) // self.block_size
+        self.stats.queries += len(tokens)
+        parent: bytes | None = None
+        found = 0
+        for i in range(full):
+            h = seq.block_hashes[i] if i < len(seq.block_hashes) else block_hash(
+                parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+            if i >= len(seq.block_hashes):
+                seq.block_hashes.append(h)
+            block = self.cached.get(h)
+            if block is None:
+                break
+            self._ref(block)
+            seq.block_table.append(block)
+            parent = h
+            found += 1
+        self.stats.hits += found * self.block_size
+        return found * self.block_size
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Give ``seq`` enough blocks for ``num_tokens`` tokens (caller checked can_grow)."""
+        for _ in range(self.blocks_needed(seq, num_tokens)):
+            seq.block_table.append(self._take_free())
+
+    def copy_on_write(self, seq: Sequence, position: int) -> tuple[int, int] | None:
+        """Before writing ``position``, unshare its block; returns ``(src, dst)`` to copy."""
+        index = position // self.block_size
+        if index >= len(seq.block_table):
+            return None
+        block = seq.block_table[index]
+        if self.ref_counts[block] <= 1:
+            return None
+        new = self._take_free()
+        self.ref_counts[block] -= 1
+        seq.block_table[index] = new
+        return block, new
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """``child`` shares every block of ``parent`` (copy on write later)."""
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_registered_blocks = parent.num_registered_blocks
+        for block in child.block_table:
+            self.ref_counts[block] += 1
+
+    def free_seq(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references; unreferenced blocks become free (deepest first)."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                if self.hash_of[block] is None:
+                    self.free[block] = None
+                    self.free.move_to_end(block, last=False)  # uncached: reuse first
+                else:
+                    self.free[block] = None
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_registered_blocks = 0
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Register hashes of ``seq``'s blocks that are now full and computed."""
+        if not self.enable_prefix_caching:
+            return
+        full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
+        tokens = seq.token_ids
+        while len(seq.block_hashes) < full:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[i - 1] if i else None
+            seq.block_hashes.append(
+                block_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size]))
+        for i in range(seq.num_registered_blocks, full):
+            block = seq.block_table[i]
+            h = seq.block_hashes[i]
+            if self.hash_of[block] is None and h not in self.cached:
+                self.hash_of[block] = h
+                self.cached[h] = block
+        seq.num_registered_blocks = max(seq.num_registered_blocks, full)

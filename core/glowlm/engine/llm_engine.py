@@ -1,0 +1,269 @@
+"""The engine loop: requests in, one scheduled step at a time, outputs out.
+
+``step()`` reads in one screen: schedule, execute, apply the new tokens (stop
+checks, detokenization), free what finished, report. The engine is
+single-threaded; the server drives it from one asyncio task.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+from glowlm.config import EngineConfig
+from glowlm.engine.block_manager import BlockManager
+from glowlm.engine.detokenizer import IncrementalDetokenizer
+from glowlm.engine.model_runner import ModelRunner, StepResult
+from glowlm.engine.outputs import CompletionOutput, RequestOutput
+from glowlm.engine.scheduler import Scheduler
+from glowlm.engine.sequence import Request, Sequence
+from glowlm.engine.setup import EngineSetup, build_engine_parts
+from glowlm.errors import RequestError
+from glowlm.logger import init_logger
+from glowlm.sampling.params import SamplingParams
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens: int = 0          # prompt tokens computed (cache hits excluded)
+    generation_tokens: int = 0
+    steps: int = 0
+    forward_seconds: float = 0.0
+    sample_seconds: float = 0.0
+    prepare_seconds: float = 0.0
+    step_seconds: float = 0.0
+    finished_requests: int = 0
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {
+        "ttft": [], "itl": [], "e2e": []})
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
+        setup: EngineSetup = build_engine_parts(config, show_progress)
+        self.setup = setup
+        self.config = setup.config
+        self.platform = setup.platform
+        self.tokenizer = setup.tokenizer
+        self.model_info = setup.info
+        self.max_model_len = setup.max_model_len
+        self.eos_token_ids = frozenset(setup.info.eos_token_ids)
+        self.vocab_size = setup.vocab_size
+        self.block_manager = BlockManager(setup.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_batched_tokens,
+                                   self.config.max_num_seqs)
+        self.runner = ModelRunner(setup.model, setup.parts.attention_backend, setup.num_blocks,
+                                  self.config.block_size, setup.parts.dtype)
+        self.requests: dict[str, Request] = {}
+        self.stats = EngineStats()
+        self._rng = random.Random(self.config.seed)
+
+    # -- requests -----------------------------------------------------------------------
+
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt)
+
+    def validate_prompt(self, token_ids: Seq[int], params: SamplingParams) -> int:
+        """Check a prompt against the context and vocabulary; return the resolved max_tokens."""
+        if not token_ids:
+            raise RequestError("prompt is empty")
+        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in token_ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        n = len(token_ids)
+        if n >= self.max_model_len:
+            raise RequestError(f"prompt has {n} tokens, but the context length "
+                               f"(max_model_len) is {self.max_model_len}")
+        room = self.max_model_len - n
+        if params.max_tokens is None:
+            return room
+        if params.max_tokens > room:
+            raise RequestError(
+                f"max_tokens={params.max_tokens} does not fit: the prompt has {n} tokens and "
+                f"the context length is {self.max_model_len} ({room} tokens left)")
+        return params.max_tokens
+
+    def add_request(self, request_id: str, prompt: str | list[int] | dict[str, Any],
+                    params: SamplingParams | None = None) -> Request:
+        """Validate and queue a request; raises RequestError before queueing anything."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        text: str | None = None
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                token_ids = list(prompt["prompt_token_ids"])
+                text = prompt.get("prompt")
+            elif "prompt" in prompt:
+                text = prompt["prompt"]
+                token_ids = self.tokenize(text)
+            else:
+                raise RequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        elif isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenize(prompt)
+        else:
+            token_ids = list(prompt)
+        max_tokens = self.validate_prompt(token_ids, params)
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        request = Request(request_id, text, token_ids, params, max_tokens,
+                          frozenset() if params.ignore_eos else self.eos_token_ids, seed)
+        seq = Sequence(self.scheduler.new_seq_id(), request, 0, list(token_ids), len(token_ids),
+                       logprobs=[] if params.logprobs is not None else None)
+        request.seqs.append(seq)
+        self.requests[request_id] = request
+        self.scheduler.add(seq)
+        return request
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now and free its KV blocks (unknown ids are ignored)."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        request.aborted = True
+        for seq in request.seqs:
+            if not seq.finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; return an output for every request that progressed."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        now = time.time()
+        for item in out.scheduled:
+            m = item.seq.request.metrics
+            if m is not None and m.first_scheduled_time is None:
+                m.first_scheduled_time = now
+        result = self.runner.execute(out)
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                self.stats.prompt_tokens += min(item.num_new_tokens,
+                                                seq.num_prompt_tokens - seq.num_computed_tokens)
+            seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_computed_blocks(seq)
+        touched = self._apply(result)
+        self._record_step(result, time.perf_counter() - t0)
+        return [self._output(r) for r in touched]
+
+    def _apply(self, result: StepResult) -> list[Request]:
+        touched: dict[str, Request] = {}
+        for key, entries in result.prompt_logprobs.items():
+            request = next(r for r in self.requests.values() if id(r) == key)
+            assert request.prompt_logprobs is not None
+            request.prompt_logprobs.extend(entries)
+        now = time.time()
+        for i, seq in enumerate(result.seqs):
+            if seq.finished:
+                continue
+            token = result.tokens[i]
+            seq.token_ids.append(token)
+            self.stats.generation_tokens += 1
+            if seq.logprobs is not None and result.logprobs[i] is not None:
+                seq.logprobs.append(result.logprobs[i])
+                seq.cumulative_logprob += result.cumulative[i]
+            request = seq.request
+            m = request.metrics
+            if m is not None:
+                if m.first_token_time is None:
+                    m.first_token_time = now
+                    self.stats.latencies["ttft"].append(now - m.arrival_time)
+                elif m.last_token_time is not None and seq.index == 0:
+                    self.stats.latencies["itl"].append(now - m.last_token_time)
+                m.last_token_time = now
+            self._check_stop(seq, token)
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+            touched[request.request_id] = request
+        for request in touched.values():
+            if request.finished:
+                self.requests.pop(request.request_id, None)
+                self.stats.finished_requests += 1
+                if request.metrics is not None:
+                    request.metrics.finished_time = now
+                    self.stats.latencies["e2e"].append(now - request.metrics.arrival_time)
+        return list(touched.values())
+
+    def _check_stop(self, seq: Sequence, token: int) -> None:
+        params = seq.request.params
+        if seq.detokenizer is None:
+            seq.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, seq.token_ids[:seq.num_prompt_tokens], params.skip_special_tokens)
+        n_out = seq.num_output_tokens
+        may_stop = n_out >= params.min_tokens
+        if may_stop and token in seq.request.eos_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", None
+            seq.text += seq.detokenizer.flush()
+            return
+        if may_stop and params.stop_token_ids and token in params.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+            seq.text += seq.detokenizer.flush()
+            return
+        before = len(seq.text)
+        seq.text += seq.detokenizer.add(token)
+        last = n_out >= seq.request.max_tokens or seq.num_tokens >= self.max_model_len
+        if last:
+            seq.text += seq.detokenizer.flush()
+        if params.stop_strings and may_stop and len(seq.text) > before:
+            longest = max(len(s) for s in params.stop_strings)
+            window_start = max(0, before - longest + 1)
+            hits = [(seq.text.find(s, window_start), s) for s in params.stop_strings]
+            hits = [(i, s) for i, s in hits if i >= 0]
+            if hits:
+                index, stop = min(hits)
+                end = index + len(stop) if params.include_stop_str_in_output else index
+                seq.text = seq.text[:end]
+                seq.finish_reason, seq.stop_reason = "stop", stop
+                return
+        if last:
+            seq.finish_reason = "length"
+
+    def releasable_text(self, seq: Sequence) -> str:
+        """Text a stream may show now: all of it when finished, otherwise minus a tail
+        that could still turn out to be the start of a stop string."""
+        stops = seq.request.params.stop_strings
+        if seq.finish_reason is not None or not stops:
+            return seq.text
+        hold = max(len(s) for s in stops) - 1
+        return seq.text[:max(0, len(seq.text) - hold)] if hold else seq.text
+
+    def _output(self, request: Request) -> RequestOutput:
+        outputs = [
+            CompletionOutput(
+                index=s.index, text=self.releasable_text(s), token_ids=s.output_token_ids,
+                cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
+                logprobs=s.logprobs, finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+            for s in sorted(request.seqs, key=lambda s: s.index)
+        ]
+        return RequestOutput(
+            request_id=request.request_id, prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids, prompt_logprobs=request.prompt_logprobs,
+            outputs=outputs, finished=request.finished, metrics=request.metrics,
+            num_cached_tokens=request.metrics.num_cached_tokens if request.metrics else 0)
+
+    def _record_step(self, result: StepResult, seconds: float) -> None:
+        s = self.stats
+        s.steps += 1
+        s.forward_seconds += result.forward_seconds
+        s.sample_seconds += result.sample_seconds
+        s.prepare_seconds += result.prepare_seconds
+        s.step_seconds += seconds

@@ -1,0 +1,224 @@
+"""Turn a scheduled step into one forward pass and one sampling step.
+
+Inputs for the step (token ids, positions, cache slots, block tables) are
+built in one pass over the scheduled sequences with numpy, not per token. The
+KV cache is allocated once at start-up and never reallocated.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from glowlm.attention.backend import AttentionBackend, AttentionMetadata
+from glowlm.engine.outputs import Logprob, PositionLogprobs
+from glowlm.engine.scheduler import SchedulerOutput
+from glowlm.engine.sequence import Sequence
+from glowlm.sampling.sampler import SamplerOutput, SamplingBatch, noise_key, sample
+
+
+@dataclass
+class StepResult:
+    """What one step produced: a token per sampling row, prompt logprobs per request."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs | None] = field(default_factory=list)
+    cumulative: list[float] = field(default_factory=list)
+    prompt_logprobs: dict[int, list[PositionLogprobs]] = field(default_factory=dict)
+    forward_seconds: float = 0.0
+    sample_seconds: float = 0.0
+    prepare_seconds: float = 0.0
+
+
+def _pad(rows: list[list[int]], fill: int) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0) or 1
+    out = np.full((len(rows), width), fill, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return torch.from_numpy(out)
+
+
+def _position_logprobs(token: int, logprob: float, rank: int, top_ids: list[int] | None,
+                       top_lps: list[float] | None) -> PositionLogprobs:
+    entry: PositionLogprobs = {token: Logprob(logprob, rank)}
+    if top_ids is not None and top_lps is not None:
+        for r, (tid, lp) in enumerate(zip(top_ids, top_lps, strict=True), start=1):
+            if tid not in entry:
+                entry[tid] = Logprob(lp, r)
+    return entry
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, backend: AttentionBackend, num_blocks: int,
+                 block_size: int, kv_dtype: torch.dtype) -> None:
+        self.model = model
+        self.backend = backend
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        shape = backend.kv_cache_shape(num_blocks, block_size, model.num_kv_heads,
+                                       model.head_size)
+        self.kv_caches = [torch.zeros(shape, dtype=kv_dtype) for _ in range(model.num_layers)]
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def _prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
+                                                      AttentionMetadata]:
+        bs = self.block_size
+        ids: list[int] = []
+        pos_parts, slot_parts = [], []
+        qsl = [0]
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        num_decodes = 0
+        for item in out.scheduled:
+            seq, n = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
+            ids.extend(seq.token_ids[start:start + n])
+            pos = np.arange(start, start + n, dtype=np.int64)
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            pos_parts.append(pos)
+            slot_parts.append(table[pos // bs] * bs + pos % bs)
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(start + n)
+            tables.append(seq.block_table)
+            num_decodes += n == 1
+        metadata = AttentionMetadata(
+            num_decodes=num_decodes, num_prefills=len(out.scheduled) - num_decodes,
+            num_decode_tokens=num_decodes,
+            slot_mapping=torch.from_numpy(np.concatenate(slot_parts)),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            block_tables=_pad(tables, 0).to(torch.int32),
+            max_query_len=max(b - a for a, b in zip(qsl, qsl[1:], strict=False)),
+            max_seq_len=max(seq_lens), block_size=bs,
+            query_start_loc_list=qsl, seq_lens_list=seq_lens,
+        )
+        metadata = self.backend.build_metadata(metadata)
+        return (torch.tensor(ids, dtype=torch.int64),
+                torch.from_numpy(np.concatenate(pos_parts)), metadata)
+
+    def _sampling_batch(self, rows: list[Sequence], vocab: int) -> SamplingBatch:
+        params = [s.request.params for s in rows]
+        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        top_k = top_p = min_p = None
+        if any(p.top_k > 0 for p in params):
+            top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64)
+        if any(p.top_p < 1 for p in params):
+            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
+        seeded = torch.tensor([p.seed is not None for p in params])
+        keys = torch.tensor([noise_key(s.request.seed, s.index, s.num_output_tokens)
+                             for s in rows], dtype=torch.int64)
+        batch = SamplingBatch(temperature, top_k, top_p, min_p, seeded, keys)
+        if any(p.needs_penalties for p in params):
+            batch.output_ids = _pad([s.output_token_ids for s in rows], vocab)
+            if any(p.repetition_penalty != 1.0 for p in params):
+                batch.repetition = torch.tensor([p.repetition_penalty for p in params])
+                batch.prompt_ids = _pad([s.token_ids[:s.num_prompt_tokens] for s in rows],
+                                        vocab)
+            if any(p.frequency_penalty for p in params):
+                batch.frequency = torch.tensor([p.frequency_penalty for p in params])
+            if any(p.presence_penalty for p in params):
+                batch.presence = torch.tensor([p.presence_penalty for p in params])
+        banned = []
+        for s, p in zip(rows, params, strict=True):
+            if s.num_output_tokens < p.min_tokens:
+                stop_ids = [] if p.ignore_eos else list(s.request.eos_token_ids)
+                banned.append(stop_ids + list(p.stop_token_ids or []))
+            else:
+                banned.append([])
+        if any(banned):
+            batch.banned_ids = _pad(banned, vocab)
+        wants = [p.logprobs for p in params if p.logprobs is not None]
+        batch.max_logprobs = max(wants) if wants else -1
+        return batch
+
+    # -- the step -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        t0 = time.perf_counter()
+        result = StepResult()
+        if out.block_copies:
+            src = torch.tensor([a for a, _ in out.block_copies])
+            dst = torch.tensor([b for _, b in out.block_copies])
+            self.backend.copy_blocks(self.kv_caches, src, dst)
+        input_ids, positions, metadata = self._prepare(out)
+        # Rows of the hidden states whose logits we need.
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        prompt_rows: list[tuple[int, int, int]] = []  # (request key, hidden row, next token)
+        qsl = metadata.query_start_loc_list
+        for i, item in enumerate(out.scheduled):
+            seq = item.seq
+            if item.completes:
+                for s in [seq, *item.forks]:
+                    sample_rows.append(qsl[i + 1] - 1)
+                    sample_seqs.append(s)
+            request = seq.request
+            if request.prompt_logprobs is not None and seq.index == 0:
+                have = len(request.prompt_logprobs)  # positions already reported
+                start = seq.num_computed_tokens
+                for p in range(max(start, have - 1), min(start + item.num_new_tokens,
+                                                         seq.num_prompt_tokens - 1)):
+                    prompt_rows.append((id(request), qsl[i] + p - start, seq.token_ids[p + 1]))
+        t1 = time.perf_counter()
+        hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+        rows = sample_rows + [r for _, r, _ in prompt_rows]
+        logits = self.model.compute_logits(hidden[rows]) if rows else None
+        t2 = time.perf_counter()
+        if sample_rows:
+            assert logits is not None
+            batch = self._sampling_batch(sample_seqs, logits.shape[1])
+            sampled = sample(logits[:len(sample_rows)], batch)
+            self._collect(result, sample_seqs, sampled)
+        if prompt_rows:
+            assert logits is not None
+            self._prompt_logprobs(result, out, logits[len(sample_rows):], prompt_rows)
+        t3 = time.perf_counter()
+        result.prepare_seconds = t1 - t0
+        result.forward_seconds = t2 - t1
+        result.sample_seconds = t3 - t2
+        return result
+
+    def _collect(self, result: StepResult, seqs: list[Sequence], s: SamplerOutput) -> None:
+        result.seqs = seqs
+        result.tokens = s.token_ids.tolist()
+        if s.logprobs is None:
+            result.logprobs = [None] * len(seqs)
+            return
+        lps = s.logprobs.tolist()
+        ranks = s.ranks.tolist() if s.ranks is not None else [None] * len(seqs)
+        top_ids = s.top_ids.tolist() if s.top_ids is not None else None
+        top_lps = s.top_logprobs.tolist() if s.top_logprobs is not None else None
+        for i, seq in enumerate(seqs):
+            k = seq.request.params.logprobs
+            if k is None:
+                result.logprobs.append(None)
+                continue
+            result.logprobs.append(_position_logprobs(
+                result.tokens[i], lps[i], ranks[i], top_ids[i][:k] if top_ids else None,
+                top_lps[i][:k] if top_lps else None))
+        result.cumulative = lps
+
+    def _prompt_logprobs(self, result: StepResult, out: SchedulerOutput, logits: torch.Tensor,
+                         rows: list[tuple[int, int, int]]) -> None:
+        logp = logits.log_softmax(dim=-1)
+        targets = torch.tensor([t for _, _, t in rows])
+        chosen = logp.gather(1, targets[:, None]).squeeze(1)
+        ranks = ((logp > chosen[:, None]).sum(-1) + 1).tolist()
+        kmax = max(item.seq.request.params.prompt_logprobs or 0 for item in out.scheduled)
+        top_lps, top_ids = logp.topk(kmax, dim=-1) if kmax else (None, None)
+        chosen_l = chosen.tolist()
+        by_request = {id(item.seq.request): item.seq.request for item in out.scheduled}
+        for j, (key, _, token) in enumerate(rows):
+            k = by_request[key].params.prompt_logprobs or 0
+            entry = _position_logprobs(
+                token, chosen_l[j], ranks[j],
+                top_ids[j, :k].tolist() if k else None, top_lps[j, :k].tolist() if k else None)
+            result.prompt_logprobs.setdefault(key, []).append(entry)

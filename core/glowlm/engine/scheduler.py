@@ -1,0 +1,154 @@
+"""Continuous batching with chunked prefill under a token budget.
+
+Each step spends at most ``max_num_batched_tokens`` tokens: running sequences
+first, in arrival order (a decode costs one token, an unfinished prompt the
+next chunk that fits), then waiting sequences while the budget and the
+``max_num_seqs`` cap allow. When the KV cache runs out, the most recently
+arrived running sequence is preempted (its blocks freed, to be recomputed
+later) until the older one fits: first come, first served, and no crash.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from glowlm.engine.block_manager import BlockManager
+from glowlm.engine.sequence import Request, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+    #: Sequences forked from this one this step: they sample from its last logits.
+    forks: list[Sequence] = field(default_factory=list)
+
+    @property
+    def completes(self) -> bool:
+        """True when this chunk reaches the last token, so a new token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]      # decodes (1 token) first, then prefill chunks
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int,
+                 max_num_seqs: int) -> None:
+        self.bm = block_manager
+        self.max_tokens = max_num_batched_tokens
+        self.max_seqs = max_num_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self._next_seq_id = 0
+
+    def new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.bm.free_seq(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_tokens
+        out = SchedulerOutput([])
+        running = sorted(self.running, key=lambda s: (s.request.arrival_time, s.seq_id))
+        kept: list[Sequence] = []
+        preempted = False
+        while running and budget > 0:
+            seq = running.pop(0)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            target = seq.num_computed_tokens + num_new
+            while not self.bm.can_grow(seq, target) and running:
+                self._preempt(running.pop())  # newest arrival gives way
+                out.num_preempted += 1
+                preempted = True
+            if not self.bm.can_grow(seq, target):
+                self._preempt(seq)
+                out.num_preempted += 1
+                preempted = True
+                break
+            self.bm.grow(seq, target)
+            copy = self.bm.copy_on_write(seq, seq.num_computed_tokens)
+            if copy:
+                out.block_copies.append(copy)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            kept.append(seq)
+            budget -= num_new
+        kept.extend(running)  # not scheduled this step (budget spent), still running
+        self.running = kept
+        while (self.waiting and budget > 0 and len(self.running) < self.max_seqs
+               and not preempted):
+            seq = self.waiting[0]
+            if seq.num_computed_tokens == 0 and not seq.block_table:
+                cached = self.bm.match_prefix(seq)
+                seq.num_computed_tokens = cached
+                if seq.request.metrics and cached:
+                    seq.request.metrics.num_cached_tokens = max(
+                        seq.request.metrics.num_cached_tokens, cached)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            target = seq.num_computed_tokens + num_new
+            if not self.bm.can_grow(seq, target):
+                if seq.block_table:  # do not pin cached blocks while waiting
+                    self.bm.free_seq(seq)
+                    seq.num_computed_tokens = 0
+                break
+            self.bm.grow(seq, target)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        for item in out.scheduled:
+            self._fork_if_prompt_done(item)
+        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)  # stable: decodes first
+        return out
+
+    def _fork_if_prompt_done(self, item: ScheduledSeq) -> None:
+        request: Request = item.seq.request
+        if request.params.n == 1 or request.forked or not item.completes:
+            return
+        request.forked = True
+        parent = item.seq
+        for index in range(1, request.params.n):
+            child = Sequence(
+                seq_id=self.new_seq_id(), request=request, index=index,
+                token_ids=list(parent.token_ids), num_prompt_tokens=parent.num_prompt_tokens,
+                num_computed_tokens=parent.num_computed_tokens + item.num_new_tokens,
+                status=SequenceStatus.RUNNING,
+                logprobs=[] if request.params.logprobs is not None else None,
+            )
+            self.bm.fork(parent, child)
+            request.seqs.append(child)
+            self.running.append(child)
+            item.forks.append(child)
+
+    def finish(self, seq: Sequence) -> None:
+        """Free a finished or aborted sequence's blocks now and drop it from the queues."""
+        seq.status = SequenceStatus.FINISHED
+        self.bm.free_seq(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)

@@ -1,0 +1,111 @@
+"""Everything the engine needs, built once, in order, with what it chose logged.
+
+Order matters and is the point of this module: pick the platform, resolve the
+dtype through it, let it adjust the config, size the KV cache and check the
+plan fits memory *before* loading weights, then load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from glowlm.config import EngineConfig
+from glowlm.errors import ConfigError, ModelLoadError
+from glowlm.layers import quantization
+from glowlm.layers.context import ModelParts
+from glowlm.logger import init_logger
+from glowlm.model_loader.loader import ModelDir, load_model, read_model_dir
+from glowlm.platforms import Platform, current_selection
+from glowlm.platforms.interface import dtype_name
+
+logger = init_logger(__name__)
+
+GIB = 1 << 30
+
+
+@dataclass
+class EngineSetup:
+    config: EngineConfig
+    platform: Platform
+    platform_reason: str
+    info: ModelDir
+    parts: ModelParts
+    model: torch.nn.Module
+    tokenizer: Any
+    max_model_len: int
+    num_blocks: int
+    vocab_size: int
+
+
+def kv_bytes_per_token(model: Any, dtype: torch.dtype) -> int:
+    """K and V for one token across all layers of this rank."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * model.num_layers * model.num_kv_heads * model.head_size * elem
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types
+        raise ModelLoadError(f"cannot load the tokenizer from {path}: {exc}") from None
+
+
+def resolve_max_model_len(config: EngineConfig, info: ModelDir) -> int:
+    limit = info.max_position_embeddings
+    window = getattr(info.hf_config, "sliding_window", None)
+    if isinstance(window, int) and getattr(info.hf_config, "use_sliding_window", True) \
+            and window < limit:
+        limit = window  # attention is full within the window, so stay inside it
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ConfigError(f"--max-model-len {config.max_model_len} exceeds what the model "
+                          f"supports ({limit})")
+    return config.max_model_len
+
+
+def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> EngineSetup:
+    selection = current_selection(config.platform)
+    platform = selection.platform
+    for note in platform.startup_notes():
+        logger.warning(note)
+    logger.info("platform %s (%s): %s", platform.name, platform.capabilities.isa,
+                selection.reason)
+    info = read_model_dir(config.model)
+    dtype = platform.resolve_dtype(info.dtype, config.dtype)
+    config = platform.update_config(config)
+    quant = quantization.resolve(info.quantization_config, platform)
+    parts = ModelParts(dtype=dtype, ops=platform.ops(),
+                       attention_backend=platform.attention_backend(), quant_config=quant,
+                       unquantized=platform.unquantized_linear_method())
+    max_model_len = resolve_max_model_len(config, info)
+    from glowlm.runtime.memory import plan_memory  # noqa: PLC0415 - runtime is optional here
+
+    plan = plan_memory(info, dtype, config, max_model_len)
+    model = load_model(info, parts, config.allow_pickle, show_progress).model
+    per_block = kv_bytes_per_token(model, dtype) * config.block_size
+    num_blocks = int(plan.kv_cache_bytes // per_block)
+    if num_blocks * config.block_size < max_model_len:
+        if config.max_model_len is None and num_blocks > 0:
+            max_model_len = num_blocks * config.block_size
+            logger.warning("the KV cache holds %d tokens; max_model_len lowered to that",
+                           max_model_len)
+        else:
+            raise ConfigError(
+                f"the KV cache ({plan.kv_cache_bytes / GIB:.3f} GiB = {num_blocks} blocks of "
+                f"{config.block_size} tokens) cannot hold one sequence of max_model_len="
+                f"{max_model_len}; raise GLOWLM_CPU_KVCACHE_SPACE or lower --max-model-len")
+    logger.info("dtype %s; KV cache %d blocks x %d tokens = %d tokens (%.2f GiB); "
+                "max_model_len %d", dtype_name(dtype), num_blocks, config.block_size,
+                num_blocks * config.block_size, num_blocks * per_block / GIB, max_model_len)
+    tokenizer = load_tokenizer(config.tokenizer or str(info.path))
+    vocab = int(getattr(info.hf_config, "vocab_size", 0) or len(tokenizer))
+    config = dataclasses.replace(config, max_model_len=max_model_len)
+    return EngineSetup(config, platform, selection.reason, info, parts, model, tokenizer,
+                       max_model_len, num_blocks, vocab)

@@ -1,0 +1,1 @@
+"""The CPU runtime: topology, thread binding, NUMA, memory planning, allocator/OpenMP."""

@@ -1,0 +1,1 @@
+"""Helpers for glowlm's tests and for plugin authors' contract tests."""

@@ -1,0 +1,97 @@
+"""Tiny random Hugging Face checkpoints of every supported architecture.
+
+Seeded, built from transformers configs and saved with ``save_pretrained``, with
+a small byte-level BPE tokenizer trained on a fixed text, so tests compare
+glowlm against transformers on real checkpoints without any download.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VOCAB = 384
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
+
+_TEXT = """def fibonacci(n):
+    \"\"\"Return the n-th Fibonacci number.\"\"\"
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+class Greeter:
+    def hello(self, name: str) -> str:
+        return f"Hello, {name}! 你好，世界 🌍 café naïve"
+""" * 3
+
+
+def _tokenizer(out: Path) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<s>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator([_TEXT], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+    fast.chat_template = ("{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}# assistant:{% endif %}")
+    fast.save_pretrained(out)
+    return fast
+
+
+def hf_config(arch: str, **overrides: Any) -> Any:
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    llama_like = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      **common)
+    if arch == "llama":
+        cfg = tf.LlamaConfig(**llama_like, tie_word_embeddings=False, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 256})
+    elif arch == "mistral":
+        cfg = tf.MistralConfig(**llama_like, sliding_window=None)
+    elif arch == "qwen2":
+        cfg = tf.Qwen2Config(**llama_like, tie_word_embeddings=True)
+    elif arch == "qwen3":
+        cfg = tf.Qwen3Config(**llama_like, head_dim=32)
+    elif arch == "opt":
+        cfg = tf.OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                           num_attention_heads=4, max_position_embeddings=1024,
+                           word_embed_proj_dim=64, **common)
+    elif arch == "gpt2":
+        cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
+    else:
+        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {ARCHITECTURES}")
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def make_tiny_model(arch: str, out: str | Path, seed: int = 0,
+                    dtype: torch.dtype = torch.float32, **overrides: Any) -> Path:
+    """Write a seeded tiny ``arch`` checkpoint with tokenizer to ``out``; return the path."""
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _tokenizer(out)
+    cfg = hf_config(arch, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
+    # Random init gives near-uniform logits; widen them so greedy ties are rare.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    model.save_pretrained(out)
+    return out
