@@ -30,6 +30,7 @@ class EngineConfig:
     max_num_seqs: int = OFFLINE_MAX_SEQS
     kv_cache_space_gib: float | None = 4.0  # None: 'auto'
     enable_prefix_caching: bool = True
+    num_kv_blocks: int | None = None  # override the block count (tests, debugging)
     allow_pickle: bool = False
     platform: str | None = None
     seed: int = 0

@@ -82,6 +82,17 @@ class BlockManager:
             del self.free[block]
         self.ref_counts[block] += 1
 
+    def prompt_hashes(self, seq: Sequence) -> list[bytes]:
+        """Hashes of every full block of ``seq``'s tokens (computed once, then kept)."""
+        tokens = seq.token_ids
+        full = len(tokens) // self.block_size
+        while len(seq.block_hashes) < full:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[i - 1] if i else None
+            seq.block_hashes.append(
+                block_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size]))
+        return seq.block_hashes
+
     def match_prefix(self, seq: Sequence) -> int:
         """Attach cached blocks for the longest cached prefix of a fresh sequence.
 
@@ -90,22 +101,16 @@ class BlockManager:
         """
         if not self.enable_prefix_caching or seq.block_table:
             return 0
-        tokens = seq.token_ids
-        full = (len(tokens) - 1) // self.block_size
-        self.stats.queries += len(tokens)
-        parent: bytes | None = None
+        hashes = self.prompt_hashes(seq)
+        usable = (seq.num_tokens - 1) // self.block_size
+        self.stats.queries += seq.num_tokens
         found = 0
-        for i in range(full):
-            h = seq.block_hashes[i] if i < len(seq.block_hashes) else block_hash(
-                parent, tokens[i * self.block_size:(i + 1) * self.block_size])
-            if i >= len(seq.block_hashes):
-                seq.block_hashes.append(h)
+        for h in hashes[:usable]:
             block = self.cached.get(h)
             if block is None:
                 break
             self._ref(block)
             seq.block_table.append(block)
-            parent = h
             found += 1
         self.stats.hits += found * self.block_size
         return found * self.block_size
@@ -147,20 +152,16 @@ class BlockManager:
                 else:
                     self.free[block] = None
         seq.block_table = []
-        seq.block_hashes = []
-        seq.num_registered_blocks = 0
+        seq.num_registered_blocks = 0  # content hashes stay valid; keep block_hashes
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register hashes of ``seq``'s blocks that are now full and computed."""
         if not self.enable_prefix_caching:
             return
         full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
-        tokens = seq.token_ids
-        while len(seq.block_hashes) < full:
-            i = len(seq.block_hashes)
-            parent = seq.block_hashes[i - 1] if i else None
-            seq.block_hashes.append(
-                block_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size]))
+        if full <= seq.num_registered_blocks:
+            return
+        self.prompt_hashes(seq)
         for i in range(seq.num_registered_blocks, full):
             block = seq.block_table[i]
             h = seq.block_hashes[i]

@@ -70,7 +70,23 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def _mark_inflight(self, seq: Sequence, start: int, end: int) -> None:
+        """Remember the full blocks this step computes, so sharers wait for them."""
+        if self.bm.enable_prefix_caching:
+            hashes = self.bm.prompt_hashes(seq)
+            self._inflight.update(hashes[start // self.bm.block_size:end // self.bm.block_size])
+
+    def _waits_for_inflight(self, seq: Sequence) -> bool:
+        """True if ``seq``'s next uncached block is being computed this step by another
+        sequence: admitting it next step turns that block into a cache hit."""
+        if not self.bm.enable_prefix_caching:
+            return False
+        index = seq.num_computed_tokens // self.bm.block_size
+        hashes = self.bm.prompt_hashes(seq)
+        return index < len(hashes) and hashes[index] in self._inflight
+
     def schedule(self) -> SchedulerOutput:
+        self._inflight: set[bytes] = set()
         budget = self.max_tokens
         out = SchedulerOutput([])
         running = sorted(self.running, key=lambda s: (s.request.arrival_time, s.seq_id))
@@ -90,6 +106,7 @@ class Scheduler:
                 preempted = True
                 break
             self.bm.grow(seq, target)
+            self._mark_inflight(seq, seq.num_computed_tokens, target)
             copy = self.bm.copy_on_write(seq, seq.num_computed_tokens)
             if copy:
                 out.block_copies.append(copy)
@@ -109,12 +126,13 @@ class Scheduler:
                         seq.request.metrics.num_cached_tokens, cached)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             target = seq.num_computed_tokens + num_new
-            if not self.bm.can_grow(seq, target):
+            if self._waits_for_inflight(seq) or not self.bm.can_grow(seq, target):
                 if seq.block_table:  # do not pin cached blocks while waiting
                     self.bm.free_seq(seq)
                     seq.num_computed_tokens = 0
                 break
             self.bm.grow(seq, target)
+            self._mark_inflight(seq, seq.num_computed_tokens, target)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

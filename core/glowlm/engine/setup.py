@@ -91,6 +91,8 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
     model = load_model(info, parts, config.allow_pickle, show_progress).model
     per_block = kv_bytes_per_token(model, dtype) * config.block_size
     num_blocks = int(plan.kv_cache_bytes // per_block)
+    if config.num_kv_blocks is not None:
+        num_blocks = config.num_kv_blocks
     if num_blocks * config.block_size < max_model_len:
         if config.max_model_len is None and num_blocks > 0:
             max_model_len = num_blocks * config.block_size

@@ -95,3 +95,7 @@ def make_tiny_model(arch: str, out: str | Path, seed: int = 0,
                 p.mul_(4.0)
     model.save_pretrained(out)
     return out
+
+
+#: Engine settings for tests: little KV cache (paging is exercised), no progress bars.
+SMALL_ENGINE: dict[str, Any] = dict(kv_cache_space_gib=0.02, block_size=32, show_progress=False)
