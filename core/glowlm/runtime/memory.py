@@ -1,23 +1,275 @@
-"""Memory planning before loading: weights + KV cache + activations vs what the rank has.
+"""Memory planning before loading: weights + KV cache + activations vs what a rank has.
 
-Placeholder plan until the runtime work lands: the KV budget from the config.
+Why before loading: the reference system loads for minutes, then the kernel's OOM
+killer ends it with exit code 9 and no explanation. Everything here is computed
+from the config and the checkpoint's safetensors headers (a few KB read), so an
+impossible setting fails in a second with the numbers and what to change.
+
+What a rank "has" is the smallest of: MemAvailable, the cgroup memory limit minus
+what the cgroup already uses, and (when the rank's memory is bound to a NUMA node)
+that node's free and reclaimable memory. ``GLOWLM_CPU_KVCACHE_SPACE=auto`` takes
+:data:`AUTO_KV_SHARE` of what is left after weights, activations and headroom,
+capped at what ``max_num_seqs`` sequences of ``max_model_len`` tokens could use.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from glowlm.errors import MemoryPlanError
+
 GIB = 1 << 30
+AUTO_KV_SHARE = 0.5
+#: Left free for the kernel, the tokenizer and allocator slack.
+HEADROOM_BYTES = 512 << 20
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+                      "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "U16": 2,
+                      "U32": 4, "U64": 8}
 
 
-@dataclass
+def fmt_bytes(n: int) -> str:
+    """GiB with two decimals, or MiB below 0.1 GiB (tiny models would read 0.00 GiB)."""
+    return f"{n / GIB:.2f} GiB" if n >= GIB // 10 else f"{n / (1 << 20):.1f} MiB"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+
+def model_dims(hf_config: Any) -> ModelDims:
+    """The sizes memory depends on, under every naming the supported models use."""
+    def first(*names: str, default: int = 0) -> int:
+        for n in names:
+            v = getattr(hf_config, n, None)
+            if isinstance(v, int) and v > 0:
+                return v
+        return default
+
+    hidden = first("hidden_size", "n_embd", "d_model")
+    heads = first("num_attention_heads", "n_head", default=1)
+    return ModelDims(
+        layers=first("num_hidden_layers", "n_layer"), hidden=hidden, heads=heads,
+        kv_heads=first("num_key_value_heads", default=heads),
+        head_dim=first("head_dim", default=hidden // heads),
+        intermediate=first("intermediate_size", "ffn_dim", "n_inner", default=4 * hidden),
+        vocab=first("vocab_size"))
+
+
+def _safetensors_bytes(path: Path, elem: int) -> tuple[int, int]:
+    """(total bytes once loaded, largest tensor) from the header: floats cast to ``elem``."""
+    with path.open("rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    total = largest = 0
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        numel = 1
+        for d in meta["shape"]:
+            numel *= d
+        dt = meta["dtype"]
+        nbytes = numel * (elem if dt.startswith(("F", "BF")) else _SAFETENSORS_BYTES.get(dt, 4))
+        total += nbytes
+        largest = max(largest, nbytes)
+    return total, largest
+
+
+def weight_bytes(info: Any, dtype: torch.dtype) -> tuple[int, int, str]:
+    """(bytes the loaded weights take, largest single tensor, how it was estimated).
+
+    Mirrors the loader: floating tensors are cast to ``dtype``, integer (quantized)
+    tensors keep their size. Pickle checkpoints are scaled from their file size.
+    """
+    elem = torch.empty((), dtype=dtype).element_size()
+    path = Path(info.path)
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        sizes = [_safetensors_bytes(f, elem) for f in files]
+        return sum(s[0] for s in sizes), max(s[1] for s in sizes), "safetensors headers"
+    pickles = sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))
+    own = torch.empty((), dtype=info.dtype).element_size()
+    if pickles:
+        total = sum(p.stat().st_size for p in pickles) * elem // own
+        return total, total // max(1, 4 * model_dims(info.hf_config).layers), "file sizes"
+    d = model_dims(info.hf_config)
+    per_layer = (d.hidden * (d.heads + 2 * d.kv_heads) * d.head_dim
+                 + d.heads * d.head_dim * d.hidden + 3 * d.hidden * d.intermediate)
+    params = d.layers * per_layer + 2 * d.vocab * d.hidden
+    return params * elem, d.vocab * d.hidden * elem, "parameter count from config.json"
+
+
+def kv_bytes_per_token(dims: ModelDims, dtype: torch.dtype, tp: int = 1) -> int:
+    """K and V of one token across this rank's layers (kv heads are split over TP)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * dims.layers * max(1, dims.kv_heads // tp) * dims.head_dim * elem
+
+
+def activation_bytes(dims: ModelDims, dtype: torch.dtype, config: Any, max_model_len: int,
+                     kv_bytes: int) -> int:
+    """Peak of one step: a full token budget's hidden states, gathered K/V, logits.
+
+    Hidden: residual, norm, attention output, QKV and the MLP's gate/up/act for
+    ``max_num_batched_tokens`` tokens. Gathered K/V: the reference attention copies
+    one layer's K/V of the running sequences twice. Logits and sampling
+    probabilities in float32 for ``max_num_seqs`` rows.
+    """
+    elem = torch.empty((), dtype=dtype).element_size()
+    tokens = min(config.max_num_batched_tokens, config.max_num_seqs * max_model_len)
+    hidden = tokens * (4 * dims.hidden + 2 * (dims.heads + 2 * dims.kv_heads) * dims.head_dim
+                       + 3 * dims.intermediate) * elem
+    gathered = 2 * kv_bytes // max(1, dims.layers)
+    logits = 3 * config.max_num_seqs * dims.vocab * 4
+    return hidden + gathered + logits
+
+
+def _meminfo_available(meminfo: str) -> int | None:
+    m = re.search(r"MemAvailable:\s+(\d+)\s*kB", meminfo)
+    return int(m.group(1)) * 1024 if m else None
+
+
+def available_memory(topo: Any, node: int | None, meminfo: str | None = None
+                     ) -> tuple[int, str]:
+    """(bytes, where the limit comes from): the tightest of MemAvailable, cgroup, node."""
+    if meminfo is None:
+        try:
+            meminfo = Path("/proc/meminfo").read_text()
+        except OSError:
+            meminfo = ""
+    limits: list[tuple[int, str]] = []
+    avail = _meminfo_available(meminfo)
+    if avail is not None:
+        limits.append((avail, "MemAvailable"))
+    cg = topo.cgroup
+    if cg.memory_limit_bytes is not None:
+        limits.append((max(0, cg.memory_limit_bytes - (cg.memory_used_bytes or 0)),
+                       f"cgroup memory limit ({cg.memory_limit_bytes / GIB:.1f} GiB)"))
+    if node is not None:
+        n = topo.node(node)
+        if n.total_bytes:
+            limits.append((n.available_bytes, f"NUMA node {node} free memory"))
+    if not limits:
+        return 1 << 62, "no memory information (not checked)"
+    return min(limits)
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
+    """Per-rank bytes; ``kv_cache_bytes`` is what the engine allocates for the KV cache."""
+
     kv_cache_bytes: int
+    weights_bytes: int = 0
+    activation_bytes: int = 0
+    headroom_bytes: int = HEADROOM_BYTES
+    available_bytes: int = 0
+    available_source: str = ""
+    kv_bytes_per_token: int = 0
+    kv_auto: bool = False
+    max_model_len_that_fits: int = 0
+    weights_source: str = ""
+
+    @property
+    def needed_bytes(self) -> int:
+        return (self.weights_bytes + self.kv_cache_bytes + self.activation_bytes
+                + self.headroom_bytes)
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        kv = "auto" if self.kv_auto else "GLOWLM_CPU_KVCACHE_SPACE"
+        return (f"memory per rank: weights {fmt_bytes(self.weights_bytes)} + KV cache "
+                f"{fmt_bytes(self.kv_cache_bytes)} ({kv}) + activations "
+                f"{fmt_bytes(self.activation_bytes)} + headroom "
+                f"{fmt_bytes(self.headroom_bytes)} = {fmt_bytes(self.needed_bytes)} of "
+                f"{fmt_bytes(self.available_bytes)} ({self.available_source})")
 
 
-def plan_memory(info: Any, dtype: torch.dtype, config: Any, max_model_len: int) -> MemoryPlan:
-    gib = config.kv_cache_space_gib if config.kv_cache_space_gib is not None else 4.0
-    return MemoryPlan(kv_cache_bytes=int(gib * GIB))
+def rank_node(world_size: int = 1, serving: bool = False) -> tuple[Any, int | None]:
+    """The live topology and the NUMA node rank 0's memory will be bound to, if any."""
+    from glowlm import envs
+    from glowlm.runtime import binding, topology
+
+    topo = topology.read()
+    applied = binding.applied_plan()
+    if applied is None:
+        env = envs.get()
+        applied = binding.plan(topo, env.omp_threads_bind, env.num_reserved_cpus,
+                               num_ranks=world_size, serving=serving)
+    return topo, applied.this.node
+
+
+def _fits_message(plan: MemoryPlan, config: Any, dtype: torch.dtype, world: int,
+                  model_limit: int, quantized: bool) -> str:
+    smaller = "a smaller model" if quantized else "a quantized checkpoint (AWQ/GPTQ 4-bit, INT8)"
+    spare = plan.available_bytes - plan.weights_bytes - plan.activation_bytes \
+        - plan.headroom_bytes
+    kv_src = ("auto" if plan.kv_auto
+              else f"GLOWLM_CPU_KVCACHE_SPACE={config.kv_cache_space_gib:g}")
+    head = (f"the model does not fit in memory: each of the {world} rank(s) needs "
+            f"{fmt_bytes(plan.needed_bytes)} (weights {fmt_bytes(plan.weights_bytes)} in "
+            f"{str(dtype).removeprefix('torch.')} + KV cache {fmt_bytes(plan.kv_cache_bytes)} "
+            f"({kv_src}) + activations {fmt_bytes(plan.activation_bytes)} + headroom "
+            f"{fmt_bytes(plan.headroom_bytes)}) but has {fmt_bytes(plan.available_bytes)} "
+            f"({plan.available_source}).")
+    if spare < plan.kv_bytes_per_token * config.block_size:
+        return (f"{head} The weights alone leave no room for a KV cache: no --max-model-len "
+                f"fits. Change: use {smaller}, more "
+                f"ranks (--tensor-parallel-size, one per NUMA node), or a machine with more "
+                f"memory.")
+    tokens = spare // plan.kv_bytes_per_token // config.block_size * config.block_size
+    capped = " (the model's own limit)" if tokens >= model_limit else ""
+    tokens = min(tokens, model_limit)
+    return (f"{head} Change one of: GLOWLM_CPU_KVCACHE_SPACE to at most "
+            f"{int(spare / GIB * 100) / 100:g} GiB (or 'auto'); more ranks "
+            f"(--tensor-parallel-size, one per NUMA node); {smaller}. With the KV cache cut "
+            f"to fit, the largest --max-model-len is {tokens} tokens{capped} (its KV cache: "
+            f"{fmt_bytes(tokens * plan.kv_bytes_per_token)}).")
+
+
+def plan_memory(info: Any, dtype: torch.dtype, config: Any, max_model_len: int,
+                *, topo: Any = None, node: int | None = None, meminfo: str | None = None
+                ) -> MemoryPlan:
+    """Size rank 0's KV cache and check weights + KV + activations fit; before loading.
+
+    Raises MemoryPlanError with the numbers, what to change and the largest
+    ``--max-model-len`` that fits. ``topo``/``node``/``meminfo`` replace the live
+    machine in tests.
+    """
+    world = config.world_size
+    if topo is None:
+        topo, node = rank_node(world, config.online)
+    dims = model_dims(info.hf_config)
+    total_weights, largest, source = weight_bytes(info, dtype)
+    weights = total_weights // world
+    per_token = kv_bytes_per_token(dims, dtype, config.tensor_parallel_size)
+    available, where = available_memory(topo, node, meminfo)
+    useful_kv = config.max_num_seqs * max_model_len * per_token
+    act = max(activation_bytes(dims, dtype, config, max_model_len, useful_kv), 2 * largest)
+    auto = config.kv_cache_space_gib is None
+    if auto:
+        spare = available - weights - act - HEADROOM_BYTES
+        kv = max(0, min(int(AUTO_KV_SHARE * spare), useful_kv))
+    else:
+        kv = int(config.kv_cache_space_gib * GIB)
+        act = max(activation_bytes(dims, dtype, config, max_model_len, min(kv, useful_kv)),
+                  2 * largest)
+    fit_tokens = max(0, available - weights - act - HEADROOM_BYTES) // max(1, per_token)
+    plan = MemoryPlan(kv, weights, act, HEADROOM_BYTES, available, where, per_token, auto,
+                      int(min(fit_tokens, info.max_position_embeddings)), source)
+    if plan.needed_bytes > available or (auto and kv < per_token * config.block_size):
+        raise MemoryPlanError(_fits_message(plan, config, dtype, world,
+                                            info.max_position_embeddings,
+                                            bool(info.quantization_config)))
+    return plan
