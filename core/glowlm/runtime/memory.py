@@ -224,10 +224,9 @@ def _fits_message(plan: MemoryPlan, config: Any, dtype: torch.dtype, world: int,
             f"{fmt_bytes(plan.headroom_bytes)}) but has {fmt_bytes(plan.available_bytes)} "
             f"({plan.available_source}).")
     if spare < plan.kv_bytes_per_token * config.block_size:
-        return (f"{head} The weights alone leave no room for a KV cache: no --max-model-len "
-                f"fits. Change: use {smaller}, more "
-                f"ranks (--tensor-parallel-size, one per NUMA node), or a machine with more "
-                f"memory.")
+        return (f"{head} Weights and activations alone leave no room for a KV cache: no "
+                f"--max-model-len fits. Change: use {smaller}, more ranks "
+                f"(--tensor-parallel-size, one per NUMA node), or a machine with more memory.")
     tokens = spare // plan.kv_bytes_per_token // config.block_size * config.block_size
     capped = " (the model's own limit)" if tokens >= model_limit else ""
     tokens = min(tokens, model_limit)
@@ -256,15 +255,17 @@ def plan_memory(info: Any, dtype: torch.dtype, config: Any, max_model_len: int,
     per_token = kv_bytes_per_token(dims, dtype, config.tensor_parallel_size)
     available, where = available_memory(topo, node, meminfo)
     useful_kv = config.max_num_seqs * max_model_len * per_token
-    act = max(activation_bytes(dims, dtype, config, max_model_len, useful_kv), 2 * largest)
     auto = config.kv_cache_space_gib is None
     if auto:
-        spare = available - weights - act - HEADROOM_BYTES
+        # Activations grow with the KV in use (gathered K/V) by at most 2/layers of it, so
+        # the share left over after the KV (1 - AUTO_KV_SHARE) always covers that growth.
+        act0 = max(activation_bytes(dims, dtype, config, max_model_len, 0), 2 * largest)
+        spare = available - weights - act0 - HEADROOM_BYTES
         kv = max(0, min(int(AUTO_KV_SHARE * spare), useful_kv))
     else:
         kv = int(config.kv_cache_space_gib * GIB)
-        act = max(activation_bytes(dims, dtype, config, max_model_len, min(kv, useful_kv)),
-                  2 * largest)
+    act = max(activation_bytes(dims, dtype, config, max_model_len, min(kv, useful_kv)),
+              2 * largest)
     fit_tokens = max(0, available - weights - act - HEADROOM_BYTES) // max(1, per_token)
     plan = MemoryPlan(kv, weights, act, HEADROOM_BYTES, available, where, per_token, auto,
                       int(min(fit_tokens, info.max_position_embeddings)), source)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import threading
 
 from glowlm.logger import init_logger
@@ -31,31 +30,15 @@ from glowlm.logger import init_logger
 logger = init_logger(__name__)
 
 # Preference when several are mapped: an LD_PRELOADed libiomp5 interposes libgomp.
-_RUNTIMES = (("libiomp5", r"/libiomp5[^/]*\.so"), ("libgomp", r"/libgomp[^/]*\.so"),
-             ("libomp", r"/libomp[^/]*\.so"))
-
-
-def mapped_openmp_runtimes(maps: str | None = None) -> dict[str, str]:
-    """OpenMP runtimes mapped into this process: name -> path (from /proc/self/maps)."""
-    if maps is None:
-        try:
-            with open("/proc/self/maps") as f:
-                maps = f.read()
-        except OSError:
-            return {}
-    found: dict[str, str] = {}
-    for line in maps.splitlines():
-        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-        for name, pattern in _RUNTIMES:
-            if re.search(pattern, path):
-                found.setdefault(name, path)
-    return found
+OPENMP_RUNTIMES = ("libiomp5", "libgomp", "libomp")
 
 
 def pin_openmp_threads(cpus: tuple[int, ...]) -> tuple[int, str]:
     """Pin OpenMP thread i (i >= 1) to ``cpus[i]``; return (threads pinned, how/why not)."""
-    runtimes = mapped_openmp_runtimes()
-    name = next((n for n, _ in _RUNTIMES if n in runtimes), None)
+    from glowlm.runtime.preload import mapped
+
+    runtimes = mapped()
+    name = next((n for n in OPENMP_RUNTIMES if n in runtimes), None)
     if name is None:
         return 0, "no OpenMP runtime mapped (torch without OpenMP?)"
     try:
