@@ -1,0 +1,134 @@
+"""The shared benchmark protocol's cases, measured through the engine.
+
+P1: one prompt of ``input_len`` ids drawn with ``torch.Generator().manual_seed(0)``
+from ``[3, vocab)``, exactly ``output_len`` greedy tokens; time to first token
+and decode speed over the tokens after the first; one warm-up, median of 3.
+P2: ``num_prompts`` prompts (seed 1, request i takes the i-th draw) submitted at
+once, exactly ``output_len`` tokens each.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from glowlm.engine.llm_engine import LLMEngine
+from glowlm.sampling.params import SamplingParams
+
+
+def random_prompts(num: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(num)]
+
+
+@dataclass
+class LatencyResult:
+    ttft_ms: float
+    decode_tokens_per_s: float
+    overhead_fraction: float          # share of decode step time outside the model forward
+    runs: list[dict[str, float]] = field(default_factory=list)
+
+
+def _forced(output_len: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=output_len, min_tokens=output_len,
+                          ignore_eos=True)
+
+
+def _one_latency_run(engine: LLMEngine, prompt: list[int], output_len: int, tag: str
+                     ) -> dict[str, float]:
+    engine.add_request(tag, {"prompt_token_ids": prompt}, _forced(output_len))
+    start = time.perf_counter()
+    first = None
+    decode_forward = decode_total = 0.0
+    while engine.has_unfinished_requests():
+        s0 = engine.stats.forward_seconds
+        t0 = time.perf_counter()
+        engine.step()
+        if first is None:
+            first = time.perf_counter()
+        else:
+            decode_total += time.perf_counter() - t0
+            decode_forward += engine.stats.forward_seconds - s0
+    end = time.perf_counter()
+    assert first is not None
+    return {"ttft_ms": (first - start) * 1e3,
+            "decode_tokens_per_s": (output_len - 1) / (end - first) if output_len > 1 else 0.0,
+            "overhead_fraction": 1 - decode_forward / decode_total if decode_total else 0.0}
+
+
+def measure_latency(engine: LLMEngine, input_len: int, output_len: int, batch_size: int = 1,
+                    iters: int = 3, warmup: int = 1) -> LatencyResult:
+    prompts = random_prompts(batch_size, input_len, engine.vocab_size, seed=0)
+    runs = []
+    for i in range(warmup + iters):
+        if batch_size == 1:
+            run = _one_latency_run(engine, prompts[0], output_len, f"p1-{i}")
+        else:
+            run = _batched_latency_run(engine, prompts, output_len, f"p1-{i}")
+        if i >= warmup:
+            runs.append(run)
+    return LatencyResult(
+        ttft_ms=statistics.median(r["ttft_ms"] for r in runs),
+        decode_tokens_per_s=statistics.median(r["decode_tokens_per_s"] for r in runs),
+        overhead_fraction=statistics.median(r["overhead_fraction"] for r in runs), runs=runs)
+
+
+def _batched_latency_run(engine: LLMEngine, prompts: list[list[int]], output_len: int,
+                         tag: str) -> dict[str, float]:
+    for j, p in enumerate(prompts):
+        engine.add_request(f"{tag}-{j}", {"prompt_token_ids": p}, _forced(output_len))
+    start = time.perf_counter()
+    first = None
+    f_total = t_total = 0.0
+    while engine.has_unfinished_requests():
+        s0, t0 = engine.stats.forward_seconds, time.perf_counter()
+        outs = engine.step()
+        if first is None and outs and all(o.outputs[0].token_ids for o in outs):
+            first = time.perf_counter()
+        elif first is not None:
+            t_total += time.perf_counter() - t0
+            f_total += engine.stats.forward_seconds - s0
+    end = time.perf_counter()
+    first = first or end
+    tokens = (output_len - 1) * len(prompts)
+    return {"ttft_ms": (first - start) * 1e3,
+            "decode_tokens_per_s": tokens / (end - first) if end > first else 0.0,
+            "overhead_fraction": 1 - f_total / t_total if t_total else 0.0}
+
+
+@dataclass
+class ThroughputResult:
+    elapsed_s: float
+    num_prompts: int
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    requests_per_s: float
+
+
+def measure_throughput(engine: LLMEngine, input_len: int, output_len: int, num_prompts: int
+                       ) -> ThroughputResult:
+    prompts = random_prompts(num_prompts, input_len, engine.vocab_size, seed=1)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"p2-{i}", {"prompt_token_ids": p}, _forced(output_len))
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    elapsed = time.perf_counter() - start
+    out_tokens = num_prompts * output_len
+    return ThroughputResult(elapsed, num_prompts, out_tokens / elapsed,
+                            (out_tokens + num_prompts * input_len) / elapsed,
+                            num_prompts / elapsed)
+
+
+def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 5) -> float:
+    """Memory read bandwidth with all threads: best of ``repeats`` sums over a large array."""
+    x = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9

@@ -1,0 +1,133 @@
+"""``glowlm bench latency|throughput|roofline|serve``: the shared benchmark protocol.
+
+Figures print as one human line per metric, or as JSON with ``--json``.
+``--compare-hf`` runs Hugging Face transformers on the same model and threads in
+the same run and prints the ratio (machines are noisy: compare within a run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from glowlm.entrypoints.cli.engine_args import add_engine_args, engine_kwargs
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="benchmarks: latency, throughput, roofline, serve")
+    sub = p.add_subparsers(dest="bench", metavar="KIND", required=True)
+    for kind, helptext in (("latency", "P1: single stream TTFT and decode tokens/s"),
+                           ("throughput", "P2: offline batch throughput"),
+                           ("roofline", "P1 decode as a fraction of the memory-bandwidth "
+                                        "limit")):
+        q = sub.add_parser(kind, help=helptext)
+        q.add_argument("model", help="model directory")
+        q.add_argument("--input-len", type=int, default=128)
+        q.add_argument("--output-len", type=int, default=128)
+        if kind == "throughput":
+            q.add_argument("--num-prompts", type=int, default=32)
+        else:
+            q.add_argument("--batch-size", type=int, default=1)
+            q.add_argument("--num-iters", type=int, default=3)
+        q.add_argument("--compare-hf", action="store_true",
+                       help="also run transformers on the same model and print the ratio")
+        q.add_argument("--json", action="store_true", help="print one JSON object")
+        add_engine_args(q)
+        q.set_defaults(func=run, kind=kind)
+    try:
+        from glowlm.entrypoints.cli.bench_serve import register_serve_bench
+    except ImportError:
+        return
+    register_serve_bench(sub)
+
+
+def _engine(args: argparse.Namespace):  # noqa: ANN202
+    from glowlm.config import EngineConfig
+    from glowlm.engine.llm_engine import LLMEngine
+
+    kwargs = engine_kwargs(args)
+    kwargs.setdefault("enable_prefix_caching", False)  # random prompts: nothing to share
+    return LLMEngine(EngineConfig.create(args.model, online=False, **kwargs))
+
+
+def _context(engine: Any) -> dict[str, Any]:
+    import torch
+
+    from glowlm.platforms.interface import dtype_name
+
+    return {"platform": engine.platform.name, "isa": engine.platform.capabilities.isa,
+            "kernels": list(engine.platform.capabilities.kernels),
+            "dtype": dtype_name(engine.setup.parts.dtype), "threads": torch.get_num_threads(),
+            "model": str(engine.config.model)}
+
+
+def weight_bytes(engine: Any) -> int:
+    """Bytes of weights read per decode step (tied embeddings counted once, as the LM head)."""
+    model = engine.setup.model
+    embed = getattr(getattr(model, "model", model), "embed_tokens", None)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    tied = getattr(model, "tied", False) or getattr(model, "lm_head", None) is not None and \
+        embed is not None and model.lm_head.weight is embed.weight
+    if embed is not None and not tied:
+        total -= embed.weight.numel() * embed.weight.element_size()  # a lookup, not a read
+    return total
+
+
+def run(args: argparse.Namespace) -> int:
+    from glowlm.bench import protocol
+
+    engine = _engine(args)
+    result: dict[str, Any] = {"case": args.kind, **_context(engine),
+                              "input_len": args.input_len, "output_len": args.output_len}
+    if args.kind in ("latency", "roofline"):
+        lat = protocol.measure_latency(engine, args.input_len, args.output_len,
+                                       args.batch_size, args.num_iters)
+        result.update(batch_size=args.batch_size, ttft_ms=round(lat.ttft_ms, 1),
+                      decode_tokens_per_s=round(lat.decode_tokens_per_s, 3),
+                      python_overhead_fraction=round(lat.overhead_fraction, 4))
+    else:
+        thr = protocol.measure_throughput(engine, args.input_len, args.output_len,
+                                          args.num_prompts)
+        result.update(num_prompts=args.num_prompts, elapsed_s=round(thr.elapsed_s, 2),
+                      output_tokens_per_s=round(thr.output_tokens_per_s, 2),
+                      total_tokens_per_s=round(thr.total_tokens_per_s, 2),
+                      requests_per_s=round(thr.requests_per_s, 3))
+    if args.kind == "roofline":
+        bw = protocol.read_bandwidth_gbs()
+        wbytes = weight_bytes(engine)
+        limit = bw * 1e9 / wbytes
+        result.update(read_bandwidth_gbs=round(bw, 2), weight_bytes=wbytes,
+                      roofline_tokens_per_s=round(limit, 3),
+                      fraction_of_roofline=round(result["decode_tokens_per_s"] / limit, 3))
+    if args.compare_hf:
+        _compare_hf(args, engine, result)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>28}: {value}")
+    sys.stdout.flush()
+    return 0
+
+
+def _compare_hf(args: argparse.Namespace, engine: Any, result: dict[str, Any]) -> None:
+    from glowlm.bench import hf_peer
+
+    dtype = engine.setup.parts.dtype
+    model, vocab = str(engine.config.model), engine.vocab_size
+    if args.kind == "throughput":
+        hf = hf_peer.hf_throughput(model, dtype, args.input_len, args.output_len,
+                                   args.num_prompts, vocab)
+        result["hf_output_tokens_per_s"] = round(hf["output_tokens_per_s"], 2)
+        result["ratio_vs_hf"] = round(result["output_tokens_per_s"]
+                                      / hf["output_tokens_per_s"], 2)
+    else:
+        hf = hf_peer.hf_latency(model, dtype, args.input_len, args.output_len, vocab,
+                                iters=args.num_iters)
+        result["hf_ttft_ms"] = round(hf["ttft_ms"], 1)
+        result["hf_decode_tokens_per_s"] = round(hf["decode_tokens_per_s"], 3)
+        result["decode_ratio_vs_hf"] = round(result["decode_tokens_per_s"]
+                                             / hf["decode_tokens_per_s"], 2)
+        result["ttft_ratio_vs_hf"] = round(hf["ttft_ms"] / result["ttft_ms"], 2)

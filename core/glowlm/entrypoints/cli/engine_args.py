@@ -1,0 +1,64 @@
+"""Engine and sampling flags shared by the offline verbs (generate, bench)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from glowlm.sampling.params import SamplingParams
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"),
+                   help="weights/activations dtype (default: the model's own; bfloat16 is "
+                        "recommended on CPUs)")
+    g.add_argument("--platform", help="force a platform by name (overrides GLOWLM_PLATFORM)")
+    g.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    g.add_argument("--block-size", type=int, help="KV cache block size, a multiple of 32 "
+                   "(default 128)")
+    g.add_argument("--max-num-batched-tokens", type=int,
+                   help="tokens per engine step (default 4096 x world size offline)")
+    g.add_argument("--max-num-seqs", type=int,
+                   help="sequences per batch (default 256 x world size offline)")
+    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
+                   action="store_false", default=None, help="turn the prefix cache off")
+    g.add_argument("--allow-pickle", action="store_true", default=None,
+                   help="allow *.bin pickle weights (they run code when loaded)")
+    g.add_argument("--seed", type=int, help="engine seed for unseeded requests (default 0)")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("dtype", "platform", "max_model_len", "block_size", "max_num_batched_tokens",
+            "max_num_seqs", "enable_prefix_caching", "allow_pickle", "seed")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (names as in the OpenAI and vLLM APIs)")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--n", type=int, default=1, help="completions per prompt")
+    g.add_argument("--sampling-seed", type=int, dest="sampling_seed",
+                   help="per-request seed: same seed, same text")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--stop-token-ids", type=int, nargs="+")
+    g.add_argument("--min-tokens", type=int, default=0)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--logprobs", type=int)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, seed=args.sampling_seed, max_tokens=args.max_tokens,
+        min_tokens=args.min_tokens, stop=args.stop, stop_token_ids=args.stop_token_ids,
+        ignore_eos=args.ignore_eos, logprobs=args.logprobs,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty)
