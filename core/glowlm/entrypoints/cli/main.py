@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("glowlm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `glowlm platforms | head`: the reader left, not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
