@@ -170,10 +170,14 @@ def export_hf(model, hf_tok, out_dir, info, heldout_rel):
     del m
 
 
-def lr_at(step, total, warmup, peak, min_ratio=0.1):
+def lr_at(step, total, warmup, peak, min_ratio=0.1, time_frac=0.0):
+    """Linear warmup, then cosine decay to min_ratio*peak.  Progress is the
+    larger of the step fraction and the fraction of the wall-clock budget
+    used, so the schedule still anneals fully if the (shared) CPU gets
+    slower than measured in the first minute."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    prog = min(1.0, (step - warmup) / max(1, total - warmup))
+    prog = min(1.0, max((step - warmup) / max(1, total - warmup), time_frac))
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
 
 
@@ -336,7 +340,8 @@ def main():
             log(f"[train] time budget reached at step {step}")
             break
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, total_steps or 10**9, a.warmup, a.lr)
+            g["lr"] = lr_at(step, total_steps or 10**9, a.warmup, a.lr,
+                            time_frac=elapsed_total() / (budget - 30) if total_steps else 0.0)
         x = batch_for(step)
         logits = model(input_ids=x[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
