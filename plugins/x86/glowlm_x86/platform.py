@@ -8,9 +8,22 @@ subclasses this class and ranks above it.
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+from typing import TYPE_CHECKING
+
 import torch
+from glowlm import envs
+from glowlm.platforms import host as host_info
 from glowlm.platforms.host import HostInfo
 from glowlm.platforms.interface import Capabilities, Match, Platform
+
+if TYPE_CHECKING:
+    from glowlm.attention.backend import AttentionBackend
+    from glowlm.layers.linear import LinearMethod
+    from glowlm.ops.table import OpsTable
+
+    from glowlm_x86.kernels import KernelLibrary
 
 X86_MACHINES = ("x86_64", "amd64")
 #: Checkpoint quantization methods (``quant_method``) the x86 platform declares.
@@ -33,14 +46,22 @@ class X86Platform(Platform):
     whose dtype is none of them.
 
     Kernels: :meth:`attention_backend`, :meth:`ops` and
-    :meth:`unquantized_linear_method` are inherited from :class:`Platform` (core's
-    pure-PyTorch reference, which torch runs through oneDNN/MKL) until the compiled
-    kernels of ``glowlm_x86.kernels`` land; they will be overridden here and named in
-    ``Capabilities.kernels``.
+    :meth:`unquantized_linear_method` return the compiled parts of
+    ``glowlm_x86.kernels`` when they load, core's reference parts otherwise
+    (``GLOWLM_DISABLE_KERNELS=1``, no compiler, a failed build). Loading is lazy:
+    the first of those calls (engine construction) builds or loads the module, so
+    detection and ``glowlm platforms`` never compile. Afterwards
+    ``capabilities.kernels`` names the ops that loaded.
     """
 
     name = "x86"
     rank = 100
+
+    def __init__(self, host: HostInfo, match: Match) -> None:
+        super().__init__(host, match)
+        self._kernels_lock = threading.Lock()
+        self._kernels_tried = False
+        self._library: KernelLibrary | None = None
 
     @classmethod
     def detect(cls, host: HostInfo) -> Match:
@@ -77,6 +98,71 @@ class X86Platform(Platform):
         if is_amd_avx512(self.host) and not self.host.has_module("zentorch"):
             notes.append(ZENTORCH_HINT)
         return notes
+
+
+    # -- compiled kernels ----------------------------------------------------------
+
+    def kernel_isa(self) -> str | None:
+        """The kernel module this process may run: the platform's ISA, capped by the live CPU.
+
+        Checked against the CPU this process runs on (not the host the platform
+        was built for, which tests replay from recordings), so AVX-512 code is
+        never loaded on an AVX2-only CPU.
+        """
+        from glowlm_x86.kernels import cpu_isa
+
+        return cpu_isa(host_info.live(), allow_avx512=self.capabilities.isa == "avx512")
+
+    def kernels(self) -> KernelLibrary | None:
+        """The loaded kernel module, built on first use; ``None`` means reference kernels."""
+        with self._kernels_lock:
+            if not self._kernels_tried:
+                self._kernels_tried = True
+                self._library = self._load_kernels()
+                if self._library is not None:
+                    from glowlm_x86.kernels.ops import OP_NAMES
+
+                    self.capabilities = dataclasses.replace(self.capabilities,
+                                                            kernels=OP_NAMES)
+            return self._library
+
+    def _load_kernels(self) -> KernelLibrary | None:
+        env = envs.get()
+        if env.disable_kernels:
+            return None
+        isa = self.kernel_isa()
+        if isa is None:
+            return None
+        from glowlm_x86.kernels import load
+
+        return load(isa, env.kernel_cache)
+
+    def attention_backend(self) -> AttentionBackend:
+        library = self.kernels()
+        if library is None:
+            return super().attention_backend()
+        from glowlm_x86.kernels import VECTOR_WIDTH
+        from glowlm_x86.kernels.attention import X86AttentionBackend
+
+        return X86AttentionBackend(VECTOR_WIDTH[library.isa])
+
+    def ops(self) -> OpsTable:
+        if self.kernels() is None:
+            return super().ops()
+        from glowlm.ops.table import OpsTable
+
+        from glowlm_x86.kernels import ops
+
+        return OpsTable(rms_norm=ops.rms_norm, fused_add_rms_norm=ops.fused_add_rms_norm,
+                        rotary_embedding=ops.rotary_embedding, silu_and_mul=ops.silu_and_mul,
+                        gelu=ops.gelu, gelu_tanh=ops.gelu_tanh)
+
+    def unquantized_linear_method(self) -> LinearMethod:
+        if self.kernels() is None:
+            return super().unquantized_linear_method()
+        from glowlm_x86.kernels.linear import X86LinearMethod
+
+        return X86LinearMethod()
 
 
 def is_amd_avx512(host: HostInfo) -> bool:

@@ -1,0 +1,46 @@
+"""The x86 attention backend: compiled paged attention over core's cache layout.
+
+The KV cache keeps the reference layout ``[2, num_blocks, num_kv_heads,
+block_size, head_size]`` (so prefix-cache block copies and the reference
+fallback work unchanged). Per layer: one ``write_kv`` call stores the step's new
+K/V, one ``paged_attention`` call attends every sequence (decodes and prefill
+chunks alike). Shapes the kernel does not cover (a head or block size that is
+not a multiple of the SIMD width) use core's reference backend instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from glowlm.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
+from glowlm.attention.reference import ReferenceAttentionBackend
+
+from glowlm_x86.kernels import ops
+
+KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class X86AttentionBackend(AttentionBackend):
+    """Compiled decode + chunked-prefill attention (GQA/MQA, fp32/bf16/fp16 KV)."""
+
+    name = "x86"
+
+    def __init__(self, vector_width: int) -> None:
+        self.vector_width = vector_width
+        self._reference = ReferenceAttentionBackend()
+
+    def supports(self, head_size: int, block_size: int, kv_dtype: torch.dtype) -> bool:
+        """Whether the compiled kernel handles this layer shape and cache dtype."""
+        w = self.vector_width
+        return head_size % w == 0 and block_size % w == 0 and kv_dtype in KV_DTYPES
+
+    def forward(self, layer: AttentionLayerSpec, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+                ) -> torch.Tensor:
+        if not self.supports(layer.head_size, metadata.block_size, kv_cache.dtype):
+            if metadata.num_decodes and "decode_mask" not in metadata.extras:
+                self._reference.build_metadata(metadata)
+            return self._reference.forward(layer, query, key, value, kv_cache, metadata)
+        ops.write_kv(kv_cache, key, value, metadata.slot_mapping)
+        out = ops.paged_attention(query, kv_cache, metadata.block_tables,
+                                  metadata.query_start_loc, metadata.seq_lens, layer.scale)
+        return out.flatten(1)

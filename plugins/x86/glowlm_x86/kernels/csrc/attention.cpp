@@ -1,0 +1,223 @@
+// Paged attention over the KV cache [2, num_blocks, num_kv_heads, block_size, head_size].
+//
+// One kernel serves decode and (chunked) prefill: sequence i's new tokens are
+// query rows query_start_loc[i]..query_start_loc[i+1], and query j of a chunk of
+// qlen tokens attends keys 0 .. ctx - qlen + j (causal, continuing a prefix).
+// A task is (sequence, kv head, tile of up to kQTile queries); it processes the
+// whole GQA group of query heads sharing that kv head, so every K/V block is
+// read once per task. Each block is converted to fp32 once into a scratch buffer,
+// then scores, an online softmax (running max and sum, fp32) and P.V run on it.
+#include <ATen/Parallel.h>
+
+#include <limits>
+#include <vector>
+
+#include "dispatch.h"
+#include "ops.h"
+#include "vec.h"
+
+namespace glowlm {
+namespace {
+
+using namespace glowlm::vec;
+
+constexpr int64_t kQTile = 16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Task {
+  int64_t seq, kv_head, q_begin, q_end;
+};
+
+struct Geometry {
+  int64_t num_heads, num_kv_heads, group, head_size, block_size, block_stride, kv_stride,
+      max_blocks;
+};
+
+template <typename C>
+const float* block_as_float(const C* src, int64_t n, float* scratch) {
+  if constexpr (std::is_same_v<C, float>) {
+    return src;
+  } else {
+    for (int64_t i = 0; i < n; i += W) store(scratch + i, load(src + i));
+    return scratch;
+  }
+}
+
+// NV: head_size / W when known at compile time (lets the compiler unroll), else 0.
+template <typename C, int NV>
+void attend(const Task& task, const Geometry& g, const float* q, float* out, const C* cache,
+            const int32_t* tables, const int32_t* qsl, const int32_t* seq_lens) {
+  const int64_t hs = g.head_size, bs = g.block_size;
+  const int nv = NV ? NV : static_cast<int>(hs / W);
+  const int64_t tok0 = qsl[task.seq], qlen = qsl[task.seq + 1] - tok0;
+  const int64_t ctx = seq_lens[task.seq];
+  const int64_t rows = (task.q_end - task.q_begin) * g.group;
+  const int64_t max_keys = ctx - qlen + task.q_end;
+  std::vector<float> acc(rows * hs, 0.0f), m(rows, kNegInf), l(rows, 0.0f);
+  std::vector<float> scores(rows * bs), kbuf(bs * hs), vbuf(bs * hs);
+  auto row_q = [&](int64_t r) {  // row r = (query j, head g) -> its [hs] query vector
+    const int64_t j = task.q_begin + r / g.group, h = task.kv_head * g.group + r % g.group;
+    return q + ((tok0 + j) * g.num_heads + h) * hs;
+  };
+  const int32_t* table = tables + task.seq * g.max_blocks;
+  for (int64_t b = 0; b * bs < max_keys; ++b) {
+    const int64_t n = std::min(bs, max_keys - b * bs);
+    const C* base = cache + table[b] * g.block_stride + task.kv_head * bs * hs;
+    const float* kf = block_as_float(base, n * hs, kbuf.data());
+    const float* vf = block_as_float(base + g.kv_stride, n * hs, vbuf.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = row_q(r);
+      const int64_t limit = ctx - qlen + task.q_begin + r / g.group + 1 - b * bs;  // keys seen
+      const int64_t nr = std::min(n, limit);
+      float* s = scores.data() + r * bs;
+      if (nr <= 0) continue;
+      float block_max = kNegInf;
+      for (int64_t t = 0; t < nr; ++t) {
+        VecF d = zero();
+        for (int v = 0; v < nv; ++v) d = fmadd(load(qr + v * W), load(kf + t * hs + v * W), d);
+        s[t] = reduce_add(d);
+        block_max = std::max(block_max, s[t]);
+      }
+      const float m_new = std::max(m[r], block_max);
+      const float alpha = std::exp(m[r] - m_new);  // exp(-inf) = 0 on the first block
+      int64_t t = 0;
+      float sum = 0.0f;
+      VecF vm = set1(m_new), vsum = zero();
+      for (; t + W <= nr; t += W) {
+        VecF p = exp(sub(load(s + t), vm));
+        store(s + t, p);
+        vsum = add(vsum, p);
+      }
+      for (; t < nr; ++t) {
+        s[t] = std::exp(s[t] - m_new);
+        sum += s[t];
+      }
+      l[r] = l[r] * alpha + sum + reduce_add(vsum);
+      m[r] = m_new;
+      float* a = acc.data() + r * hs;
+      VecF valpha = set1(alpha);
+      for (int v0 = 0; v0 < nv; v0 += 4) {  // 4 accumulators in registers per pass over P
+        const int cnt = std::min(4, nv - v0);
+        VecF av[4];
+        for (int j = 0; j < cnt; ++j) av[j] = mul(load(a + (v0 + j) * W), valpha);
+        for (int64_t tt = 0; tt < nr; ++tt) {
+          VecF p = set1(s[tt]);
+          const float* vr = vf + tt * hs + v0 * W;
+          for (int j = 0; j < cnt; ++j) av[j] = fmadd(p, load(vr + j * W), av[j]);
+        }
+        for (int j = 0; j < cnt; ++j) store(a + (v0 + j) * W, av[j]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = task.q_begin + r / g.group, h = task.kv_head * g.group + r % g.group;
+    float* o = out + ((tok0 + j) * g.num_heads + h) * hs;
+    VecF inv = set1(1.0f / l[r]);
+    for (int v = 0; v < nv; ++v) store(o + v * W, mul(load(acc.data() + r * hs + v * W), inv));
+  }
+}
+
+template <typename C>
+void run_tasks(const std::vector<Task>& tasks, const Geometry& g, const float* q, float* out,
+               const C* cache, const int32_t* tables, const int32_t* qsl, const int32_t* lens) {
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const Task& t = tasks[i];
+      switch (g.head_size / W) {
+#define GLOWLM_NV_CASE(N) \
+  case N:                 \
+    attend<C, N>(t, g, q, out, cache, tables, qsl, lens); \
+    break;
+        GLOWLM_NV_CASE(4)
+        GLOWLM_NV_CASE(5)
+        GLOWLM_NV_CASE(6)
+        GLOWLM_NV_CASE(8)
+        GLOWLM_NV_CASE(10)
+        GLOWLM_NV_CASE(12)
+        GLOWLM_NV_CASE(16)
+#undef GLOWLM_NV_CASE
+        default:
+          attend<C, 0>(t, g, q, out, cache, tables, qsl, lens);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+              const at::Tensor& slot_mapping_in) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "write_kv: kv_cache must be a contiguous [2, blocks, kv_heads, block, head]");
+  TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes() && key.size(1) == kv_cache.size(2)
+                  && key.size(2) == kv_cache.size(4),
+              "write_kv: key/value must be [tokens, kv_heads, head_size] matching the cache");
+  at::Tensor k = key.stride(2) == 1 ? key : key.contiguous();
+  at::Tensor v = value.stride(2) == 1 ? value : value.contiguous();
+  at::Tensor slots = slot_mapping_in.to(at::kLong).contiguous();
+  const int64_t tokens = k.size(0), heads = k.size(1), hs = k.size(2);
+  const int64_t bs = kv_cache.size(3), total = kv_cache.size(1) * bs;
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(sp[t] < total, "write_kv: slot ", sp[t], " beyond the cache's ", total);
+  at::Tensor k_c = k.to(kv_cache.scalar_type()), v_c = v.to(kv_cache.scalar_type());
+  GLOWLM_DISPATCH_FLOAT_TYPES(kv_cache.scalar_type(), "write_kv", [&] {
+    scalar_t* cache = kv_cache.data_ptr<scalar_t>();
+    const int64_t kv_stride = kv_cache.stride(0);
+    const scalar_t* kp = k_c.data_ptr<scalar_t>();
+    const scalar_t* vp = v_c.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens * heads, 64, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t t = i / heads, h = i % heads, slot = sp[t];
+        if (slot < 0) continue;  // padding token: nothing to store
+        const int64_t blk = slot / bs, off = slot % bs;
+        scalar_t* dst = cache + ((blk * heads + h) * bs + off) * hs;
+        std::memcpy(dst, kp + t * k_c.stride(0) + h * k_c.stride(1), hs * sizeof(scalar_t));
+        std::memcpy(dst + kv_stride, vp + t * v_c.stride(0) + h * v_c.stride(1),
+                    hs * sizeof(scalar_t));
+      }
+    });
+  });
+}
+
+at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
+                           const at::Tensor& block_tables_in, const at::Tensor& qsl_in,
+                           const at::Tensor& seq_lens_in, double scale) {
+  TORCH_CHECK(query.dim() == 3, "paged_attention: query must be [tokens, heads, head_size]");
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "paged_attention: kv_cache must be a contiguous [2, blocks, kv_heads, block, head]");
+  const int64_t heads = query.size(1), kv_heads = kv_cache.size(2), hs = query.size(2);
+  TORCH_CHECK(kv_cache.size(4) == hs && heads % kv_heads == 0,
+              "paged_attention: head sizes differ or heads not a multiple of kv heads");
+  TORCH_CHECK(hs % W == 0, "paged_attention: head_size ", hs, " must be a multiple of ", W,
+              " on ", kIsa);
+  const int64_t bs = kv_cache.size(3);
+  TORCH_CHECK(bs % W == 0, "paged_attention: block_size must be a multiple of ", W);
+  at::Tensor tables = block_tables_in.to(at::kInt).contiguous();
+  at::Tensor qsl = qsl_in.to(at::kInt).contiguous();
+  at::Tensor lens = seq_lens_in.to(at::kInt).contiguous();
+  const int64_t seqs = lens.numel();
+  TORCH_CHECK(qsl.numel() == seqs + 1 && tables.dim() == 2 && tables.size(0) >= seqs,
+              "paged_attention: query_start_loc must be [seqs + 1], block_tables [seqs, *]");
+  const Geometry g{heads, kv_heads, heads / kv_heads, hs, bs, kv_heads * bs * hs,
+                   kv_cache.stride(0), tables.size(1)};
+  const int32_t* qp = qsl.data_ptr<int32_t>();
+  const int32_t* lp = lens.data_ptr<int32_t>();
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t qlen = qp[s + 1] - qp[s];
+    TORCH_CHECK(qlen >= 0 && qlen <= lp[s] && (lp[s] + bs - 1) / bs <= g.max_blocks,
+                "paged_attention: sequence ", s, " has inconsistent lengths");
+    for (int64_t h = 0; h < kv_heads; ++h)
+      for (int64_t j = 0; j < qlen; j += kQTile) tasks.push_back({s, h, j, std::min(qlen, j + kQTile)});
+  }
+  at::Tensor qf = (query.to(at::kFloat) * scale).contiguous();
+  at::Tensor out = at::zeros(qf.sizes(), qf.options());
+  GLOWLM_DISPATCH_FLOAT_TYPES(kv_cache.scalar_type(), "paged_attention", [&] {
+    run_tasks<scalar_t>(tasks, g, qf.data_ptr<float>(), out.data_ptr<float>(),
+                        kv_cache.data_ptr<scalar_t>(), tables.data_ptr<int32_t>(), qp, lp);
+  });
+  return query.scalar_type() == at::kFloat ? out : out.to(query.scalar_type());
+}
+
+}  // namespace glowlm

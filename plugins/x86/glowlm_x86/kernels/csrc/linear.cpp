@@ -1,0 +1,127 @@
+// Weight-streaming GEMV/small-M GEMM, and a blocked convert-then-SGEMM for large M.
+//
+// Decode is bound by memory bandwidth: every weight byte must be read once per
+// step and no more. `gemv` walks the weight in tiles of 4 output rows, converts
+// bf16/fp16 to fp32 in registers, and multiplies each tile with every token row
+// while the tile is still in L1/L2 (fp32 accumulate). Output rows are split
+// across threads, so each thread streams its own slice of the weight.
+//
+// `gemm_converted` is for prefill on CPUs without native bf16 math: it converts
+// `block_rows` weight rows to fp32 into a reused buffer and hands them to torch's
+// fp32 GEMM, so the work runs at the fp32 GEMM rate instead of the bf16 one.
+#include <ATen/Parallel.h>
+
+#include <optional>
+
+#include "dispatch.h"
+#include "ops.h"
+#include "vec.h"
+
+namespace glowlm {
+namespace {
+
+using namespace glowlm::vec;
+
+constexpr int kNR = 4;  // weight rows per register tile
+
+// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for MR token rows and NR weight rows.
+template <int MR, int NR, typename WT>
+inline void gemv_tile(const float* x, int64_t K, const WT* w, const float* bias, float* y,
+                      int64_t ldy) {
+  VecF acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) acc[m][n] = zero();
+  int64_t k = 0;
+  for (; k + W <= K; k += W) {
+    VecF wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = load(w + n * K + k);
+    for (int m = 0; m < MR; ++m) {
+      VecF xv = load(x + m * K + k);
+      for (int n = 0; n < NR; ++n) acc[m][n] = fmadd(xv, wv[n], acc[m][n]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    for (int n = 0; n < NR; ++n) {
+      float s = reduce_add(acc[m][n]);
+      for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * to_float(w[n * K + kk]);
+      y[m * ldy + n] = bias ? s + bias[n] : s;
+    }
+  }
+}
+
+template <int NR, typename WT>
+inline void gemv_rows(const float* x, int64_t M, int64_t K, const WT* w, const float* bias,
+                      float* y, int64_t N) {
+  constexpr int MR = kGemvMR;
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) gemv_tile<MR, NR>(x + m * K, K, w, bias, y + m * N, N);
+  for (; m < M; ++m) gemv_tile<1, NR>(x + m * K, K, w, bias, y + m * N, N);
+}
+
+template <typename WT>
+void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, float* y,
+               int64_t N) {
+  const int64_t tiles = (N + kNR - 1) / kNR;
+  // Enough tiles per task that a thread streams a long contiguous slice of W.
+  at::parallel_for(0, tiles, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * kNR;
+      const float* b = bias ? bias + n0 : nullptr;
+      if (n0 + kNR <= N) {
+        gemv_rows<kNR>(x, M, K, w + n0 * K, b, y + n0, N);
+      } else {
+        for (int64_t n = n0; n < N; ++n)
+          gemv_rows<1>(x, M, K, w + n * K, bias ? bias + n : nullptr, y + n, N);
+      }
+    }
+  });
+}
+
+void check_linear_args(const at::Tensor& x, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), name,
+              ": x must be [M, K] and weight [N, K], got ", x.sizes(), " and ",
+              weight.sizes());
+  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == weight.size(0)), name,
+              ": bias must be [N]");
+}
+
+}  // namespace
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight_in,
+                const std::optional<at::Tensor>& bias) {
+  check_linear_args(x, weight_in, bias, "gemv");
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor weight = weight_in.contiguous();
+  std::optional<at::Tensor> bf;
+  if (bias) bf = bias->to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return y.to(x.scalar_type());
+  GLOWLM_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gemv", [&] {
+    gemv_impl(xf.data_ptr<float>(), M, K, weight.data_ptr<scalar_t>(),
+              bf ? bf->data_ptr<float>() : nullptr, y.data_ptr<float>(), N);
+  });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+at::Tensor gemm_converted(const at::Tensor& x, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias, int64_t block_rows) {
+  check_linear_args(x, weight, bias, "gemm_converted");
+  TORCH_CHECK(block_rows > 0, "gemm_converted: block_rows must be positive");
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  const int64_t nb = std::min(block_rows, N);
+  at::Tensor buf = at::empty({nb, K}, weight.options().dtype(at::kFloat));
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t rows = std::min(nb, N - n0);
+    at::Tensor wb = buf.narrow(0, 0, rows);
+    wb.copy_(weight.narrow(0, n0, rows));  // bf16/fp16 -> fp32, vectorized by torch
+    y.narrow(1, n0, rows).copy_(at::mm(xf, wb.t()));
+  }
+  if (bias) y.add_(bias->to(at::kFloat));
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+}  // namespace glowlm

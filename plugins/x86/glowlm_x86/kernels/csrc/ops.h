@@ -1,0 +1,33 @@
+// Declarations of the CPU implementations registered in registration.cpp.
+#pragma once
+
+#include <torch/all.h>
+
+#include <optional>
+#include <tuple>
+
+namespace glowlm {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
+                                                      const at::Tensor& residual,
+                                                      const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& positions,
+                                                    const at::Tensor& query,
+                                                    const at::Tensor& key,
+                                                    const at::Tensor& cos_sin_cache,
+                                                    int64_t rotary_dim, bool is_neox);
+at::Tensor silu_and_mul(const at::Tensor& x);
+at::Tensor gelu(const at::Tensor& x);
+at::Tensor gelu_tanh(const at::Tensor& x);
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight,
+                const std::optional<at::Tensor>& bias);
+at::Tensor gemm_converted(const at::Tensor& x, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias, int64_t block_rows);
+void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+              const at::Tensor& slot_mapping);
+at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
+                           const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                           const at::Tensor& seq_lens, double scale);
+
+}  // namespace glowlm

@@ -1,0 +1,35 @@
+// The operator schemas (declared once) and their CPU implementations.
+//
+// The same schemas are declared by the AVX2 and the AVX-512 module; a process
+// loads exactly one of them. Fake (meta) implementations live in Python
+// (glowlm_x86/kernels/ops.py) so torch.compile can trace these ops.
+#include "ops.h"
+
+TORCH_LIBRARY(glowlm_x86, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps)"
+        " -> (Tensor, Tensor)");
+  m.def("rotary_embedding(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache,"
+        " int rotary_dim, bool is_neox) -> (Tensor, Tensor)");
+  m.def("silu_and_mul(Tensor x) -> Tensor");
+  m.def("gelu(Tensor x) -> Tensor");
+  m.def("gelu_tanh(Tensor x) -> Tensor");
+  m.def("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("gemm_converted(Tensor x, Tensor weight, Tensor? bias, int block_rows) -> Tensor");
+  m.def("write_kv(Tensor(a!) kv_cache, Tensor key, Tensor value, Tensor slot_mapping) -> ()");
+  m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables,"
+        " Tensor query_start_loc, Tensor seq_lens, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
+  m.impl("rms_norm", &glowlm::rms_norm);
+  m.impl("fused_add_rms_norm", &glowlm::fused_add_rms_norm);
+  m.impl("rotary_embedding", &glowlm::rotary_embedding);
+  m.impl("silu_and_mul", &glowlm::silu_and_mul);
+  m.impl("gelu", &glowlm::gelu);
+  m.impl("gelu_tanh", &glowlm::gelu_tanh);
+  m.impl("gemv", &glowlm::gemv);
+  m.impl("gemm_converted", &glowlm::gemm_converted);
+  m.impl("write_kv", &glowlm::write_kv);
+  m.impl("paged_attention", &glowlm::paged_attention);
+}

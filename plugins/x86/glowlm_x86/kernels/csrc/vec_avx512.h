@@ -1,0 +1,73 @@
+// AVX-512 (F/BW/VL) implementation of vec.h (16 floats per register).
+#pragma once
+
+#include <immintrin.h>
+
+namespace glowlm::vec {
+
+constexpr int W = 16;
+constexpr const char* kIsa = "avx512";
+// GEMV register tile: kGemvMR token rows x 4 weight rows (32 zmm registers available).
+constexpr int kGemvMR = 4;
+
+struct VecF {
+  __m512 v;
+};
+
+inline VecF zero() { return {_mm512_setzero_ps()}; }
+inline VecF set1(float x) { return {_mm512_set1_ps(x)}; }
+inline VecF load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline VecF load(const c10::BFloat16* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+inline VecF load(const c10::Half* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+inline void store(float* p, VecF a) { _mm512_storeu_ps(p, a.v); }
+inline void store(c10::BFloat16* p, VecF a) {
+  __m512i i = _mm512_castps_si512(a.v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(i, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(i, _mm512_set1_epi32(0x7fff)),
+                                                 lsb), 16);
+  __mmask16 isnan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, isnan, _mm512_set1_epi32(0x7fc0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+inline void store(c10::Half* p, VecF a) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+inline VecF add(VecF a, VecF b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline VecF sub(VecF a, VecF b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline VecF mul(VecF a, VecF b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline VecF div(VecF a, VecF b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline VecF max(VecF a, VecF b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline VecF fmadd(VecF a, VecF b, VecF c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+
+inline float reduce_add(VecF a) { return _mm512_reduce_add_ps(a.v); }
+inline float reduce_max(VecF a) { return _mm512_reduce_max_ps(a.v); }
+
+// Same algorithm and coefficients as the AVX2 exp (see vec_avx2.h).
+inline VecF exp(VecF x) {
+  __m512 v = _mm512_min_ps(_mm512_max_ps(x.v, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)),
+                                23);
+  __m512 res = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  __mmask16 tiny = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+  return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), res)};
+}
+
+}  // namespace glowlm::vec

@@ -1,0 +1,62 @@
+"""The x86 unquantized linear method: weight-streaming GEMV for decode, fp32 GEMM for prefill.
+
+Which kernel runs depends on the number of token rows ``M`` and the weight
+dtype, with thresholds measured on the llama-1b shapes (docs/performance.md):
+
+- ``M <= gemv_max_m``: the compiled weight-streaming GEMV reads each weight
+  byte once per step and converts bf16/fp16 to fp32 in registers. On CPUs
+  without native bf16, torch's bf16 GEMM is several times slower than this.
+- larger ``M``, bf16/fp16 weights: ``gemm_converted`` converts blocks of weight
+  rows to fp32 and runs torch's fp32 GEMM on them (compute bound, and the fp32
+  GEMM is faster than torch's bf16 one here).
+- larger ``M``, fp32 weights: torch's own GEMM (nothing to beat).
+
+Weights keep core's layout and dtype (``[out, in]``), so loading, tensor
+parallelism and the reference fallback are unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from glowlm.layers.linear import UnquantizedLinearMethod
+from torch import nn
+
+from glowlm_x86.kernels import ops
+
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class GemmPolicy:
+    """Row-count thresholds choosing the kernel (see the module docstring)."""
+
+    half_gemv_max_m: int = 16
+    fp32_gemv_max_m: int = 4
+    convert_block_rows: int = 256
+
+
+class X86LinearMethod(UnquantizedLinearMethod):
+    """Dense weights; compiled GEMV for small M, converted fp32 GEMM for large M."""
+
+    def __init__(self, policy: GemmPolicy | None = None) -> None:
+        self.policy = policy or GemmPolicy()
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        weight: torch.Tensor = layer.weight
+        x2 = x.reshape(-1, x.shape[-1])
+        m = x2.shape[0]
+        p = self.policy
+        if weight.dtype in HALF_DTYPES:
+            if m <= p.half_gemv_max_m:
+                y = ops.gemv(x2, weight, bias)
+            else:
+                y = ops.gemm_converted(x2, weight, bias, p.convert_block_rows)
+        elif weight.dtype == torch.float32 and m <= p.fp32_gemv_max_m:
+            y = ops.gemv(x2, weight, bias)
+        else:
+            return F.linear(x, weight, bias)
+        return y.reshape(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,129 @@
+"""Typed wrappers over ``torch.ops.glowlm_x86`` and their fake (meta) implementations.
+
+Each wrapper has the signature of the function of the same name in
+:mod:`glowlm.ops.reference` (or documents its own contract), so an
+:class:`~glowlm.ops.table.OpsTable` can hold it. The wrappers only work after
+:func:`glowlm_x86.kernels.build.load_kernels` succeeded; :func:`register_fakes`
+then gives every op a shape-only implementation so ``torch.compile`` can trace it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import Tensor
+
+#: Every op the compiled module defines (shown in ``Capabilities.kernels``).
+OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu",
+            "gelu_tanh", "gemv", "gemm_converted", "write_kv", "paged_attention")
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return torch.ops.glowlm_x86.rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float
+                       ) -> tuple[Tensor, Tensor]:
+    return torch.ops.glowlm_x86.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
+                     rotary_dim: int, is_neox: bool) -> tuple[Tensor, Tensor]:
+    return torch.ops.glowlm_x86.rotary_embedding(positions, query, key, cos_sin_cache,
+                                                 rotary_dim, is_neox)
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    return torch.ops.glowlm_x86.silu_and_mul(x)
+
+
+def gelu(x: Tensor) -> Tensor:
+    return torch.ops.glowlm_x86.gelu(x)
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    return torch.ops.glowlm_x86.gelu_tanh(x)
+
+
+def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` streaming the weight once (fp32 accumulate); ``x``: [M, K]."""
+    return torch.ops.glowlm_x86.gemv(x, weight, bias)
+
+
+def gemm_converted(x: Tensor, weight: Tensor, bias: Tensor | None = None,
+                   block_rows: int = 256) -> Tensor:
+    """``x @ weight.T + bias`` converting ``block_rows`` weight rows at a time to fp32."""
+    return torch.ops.glowlm_x86.gemm_converted(x, weight, bias, block_rows)
+
+
+def write_kv(kv_cache: Tensor, key: Tensor, value: Tensor, slot_mapping: Tensor) -> None:
+    """Store ``key``/``value`` ``[tokens, kv_heads, head]`` at ``slot_mapping`` (in place)."""
+    torch.ops.glowlm_x86.write_kv(kv_cache, key, value, slot_mapping)
+
+
+def paged_attention(query: Tensor, kv_cache: Tensor, block_tables: Tensor,
+                    query_start_loc: Tensor, seq_lens: Tensor, scale: float) -> Tensor:
+    """Causal attention of ``query`` ``[tokens, heads, head]`` over the paged cache."""
+    return torch.ops.glowlm_x86.paged_attention(query, kv_cache, block_tables,
+                                                query_start_loc, seq_lens, scale)
+
+
+_fakes_lock = threading.Lock()
+_fakes_registered = False
+
+
+def register_fakes() -> None:
+    """Register the meta implementations (once per process, after the module loaded)."""
+    global _fakes_registered
+    with _fakes_lock:
+        if _fakes_registered:
+            return
+        _register_fakes()
+        _fakes_registered = True
+
+
+def _register_fakes() -> None:
+    reg = torch.library.register_fake
+
+    @reg("glowlm_x86::rms_norm")
+    def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        return x.new_empty(x.shape)
+
+    @reg("glowlm_x86::fused_add_rms_norm")
+    def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        return x.new_empty(x.shape), x.new_empty(x.shape)
+
+    @reg("glowlm_x86::rotary_embedding")
+    def _(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
+          rotary_dim: int, is_neox: bool) -> tuple[Tensor, Tensor]:
+        return query.new_empty(query.shape), key.new_empty(key.shape)
+
+    @reg("glowlm_x86::silu_and_mul")
+    def _(x: Tensor) -> Tensor:
+        return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+    @reg("glowlm_x86::gelu")
+    def _(x: Tensor) -> Tensor:
+        return x.new_empty(x.shape)
+
+    @reg("glowlm_x86::gelu_tanh")
+    def _(x: Tensor) -> Tensor:
+        return x.new_empty(x.shape)
+
+    @reg("glowlm_x86::gemv")
+    def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return x.new_empty((x.shape[0], weight.shape[0]))
+
+    @reg("glowlm_x86::gemm_converted")
+    def _(x: Tensor, weight: Tensor, bias: Tensor | None, block_rows: int) -> Tensor:
+        return x.new_empty((x.shape[0], weight.shape[0]))
+
+    @reg("glowlm_x86::write_kv")
+    def _(kv_cache: Tensor, key: Tensor, value: Tensor, slot_mapping: Tensor) -> None:
+        return None
+
+    @reg("glowlm_x86::paged_attention")
+    def _(query: Tensor, kv_cache: Tensor, block_tables: Tensor, query_start_loc: Tensor,
+          seq_lens: Tensor, scale: float) -> Tensor:
+        return query.new_empty(query.shape)
