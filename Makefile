@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.glowlm-installed
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow lint bench bench-peers clean
+.PHONY: install demo test test-slow lint bench bench-models bench-suite clean
 
 install: $(STAMP)
 
@@ -36,9 +36,20 @@ BENCH_MODELS ?= .bench_models
 $(BENCH_MODELS)/llama-1b-rand/config.json:
 	$(PY) ../shared/bench/make_bench_models.py $(BENCH_MODELS)
 
-bench: install $(BENCH_MODELS)/llama-1b-rand/config.json
-	$(VENV)/bin/glowlm bench latency $(BENCH_MODELS)/llama-1b-rand --dtype bfloat16
-	$(VENV)/bin/glowlm bench throughput $(BENCH_MODELS)/llama-1b-rand --dtype bfloat16
+bench-models: install $(BENCH_MODELS)/llama-1b-rand/config.json
+
+# P1 (latency + roofline) and P2 (throughput) on the llama-1b shape, bf16 then fp32,
+# with transformers on the same model and threads in the same run.
+bench: bench-models
+	for dt in bfloat16 float32; do \
+	  $(VENV)/bin/glowlm bench roofline $(BENCH_MODELS)/llama-1b-rand --dtype $$dt --compare-hf; \
+	  $(VENV)/bin/glowlm bench throughput $(BENCH_MODELS)/llama-1b-rand --dtype $$dt --compare-hf; \
+	done
+
+# The serving suite: benchmark/serving-tests-cpu.json -> benchmark/results/
+# (DRY_RUN=1, MODEL_FILTER, DTYPE_FILTER, SERVING_JSON select what runs).
+bench-suite: bench-models
+	$(VENV)/bin/glowlm bench suite
 
 clean:
 	rm -rf $(VENV) build core/build plugins/*/build

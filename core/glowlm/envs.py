@@ -108,3 +108,23 @@ def parse(environ: Mapping[str, str]) -> Env:
 def get() -> Env:
     """The current process environment, parsed fresh (cheap; keeps tests honest)."""
     return parse(os.environ)
+
+
+@dataclass(frozen=True)
+class BenchSuiteEnv:
+    """Selectors of the serving benchmark suite (names fixed by the spec, no prefix)."""
+
+    dry_run: bool
+    model_filter: str | None
+    dtype_filter: str | None
+    serving_json: str | None
+
+
+def bench_suite(environ: Mapping[str, str] | None = None) -> BenchSuiteEnv:
+    env = os.environ if environ is None else environ
+    return BenchSuiteEnv(
+        dry_run=_bool("DRY_RUN", env.get("DRY_RUN", "0")),
+        model_filter=env.get("MODEL_FILTER") or None,
+        dtype_filter=env.get("DTYPE_FILTER") or None,
+        serving_json=env.get("SERVING_JSON") or None,
+    )

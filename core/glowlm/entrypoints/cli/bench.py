@@ -36,11 +36,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         q.add_argument("--json", action="store_true", help="print one JSON object")
         add_engine_args(q)
         q.set_defaults(func=run, kind=kind)
-    try:
-        from glowlm.entrypoints.cli.bench_serve import register_serve_bench
-    except ImportError:
-        return
+    suite = sub.add_parser(
+        "suite", help="run the serving benchmark cases of a JSON file (benchmark/)",
+        description="Run every case of benchmark/serving-tests-cpu.json (or SERVING_JSON): "
+                    "start glowlm serve, load it with glowlm bench serve, save results under "
+                    "benchmark/results/ with a .commands file. DRY_RUN=1 only writes the "
+                    "commands; MODEL_FILTER and DTYPE_FILTER (regular expressions) select cases.")
+    suite.set_defaults(func=lambda args: _suite())
+    from glowlm.entrypoints.cli.bench_serve import register_serve_bench
+
     register_serve_bench(sub)
+
+
+def _suite() -> int:
+    from glowlm.bench.suite import run_suite
+
+    return run_suite()
 
 
 def _engine(args: argparse.Namespace):  # noqa: ANN202
