@@ -1,0 +1,132 @@
+"""``glowlm serve [MODEL]``: the OpenAI-compatible server, with the online engine defaults.
+
+Start-up order: bind the port (a busy port fails at once), apply the thread
+binding on the engine thread, build the engine on that same thread (it logs the
+platform and why, the dtype and the KV cache in blocks and tokens), then serve.
+Heavy imports happen inside ``run`` so ``glowlm --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+from pathlib import Path
+
+from glowlm.errors import ConfigError
+from glowlm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve MODEL (a Hugging Face model directory; default: the embedded "
+                    "model) with the OpenAI API: /v1/completions, /v1/chat/completions, "
+                    "/v1/models, plus /health, /metrics, /tokenize, /detokenize, /version. "
+                    "Environment: GLOWLM_CPU_KVCACHE_SPACE (KV cache GiB), "
+                    "GLOWLM_CPU_OMP_THREADS_BIND, GLOWLM_CPU_NUM_OF_RESERVED_CPU, "
+                    "GLOWLM_PLATFORM.")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory (default: the embedded default model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
+                   "127.0.0.1; use 0.0.0.0 to accept remote clients)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="name(s) clients use in 'model' (default: the model path)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the API")
+    p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    p.add_argument("--block-size", type=int, help="KV cache block size, a multiple of 32 "
+                   "(default 128)")
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   help="tokens per engine step (default 2048 x world size online)")
+    p.add_argument("--max-num-seqs", type=int,
+                   help="sequences per batch (default 128 x world size online)")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="Jinja chat template file (default: the tokenizer's)")
+    p.add_argument("--platform", help="force a platform by name (overrides GLOWLM_PLATFORM)")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
+                   action="store_false", default=None, help="turn the prefix cache off")
+    p.add_argument("--max-queue", type=int, metavar="N",
+                   help="at most N requests wait for a slot; more get 503 with Retry-After "
+                        "(default: unlimited)")
+    p.add_argument("--seed", type=int, help="seed for requests that give none (default 0)")
+    p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0, metavar="S",
+                   help="on Ctrl-C/SIGTERM, let open requests finish for up to S seconds, "
+                        "then abort them (default 30)")
+    p.add_argument("--disable-access-log", action="store_true",
+                   help="do not log one line per HTTP request")
+    p.set_defaults(func=run)
+
+
+def apply_thread_binding() -> str:
+    """Bind the calling thread's OpenMP threads (and memory) as glowlm.runtime plans.
+
+    Runs on the engine thread: OpenMP pools and memory policy belong to the thread
+    that runs the model, and the front-end keeps the reserved CPU. Returns the log line.
+    """
+    try:
+        binding = importlib.import_module("glowlm.runtime.binding")
+    except ModuleNotFoundError as exc:
+        if exc.name != "glowlm.runtime.binding":
+            raise
+        return "thread binding: not configured"
+    apply = getattr(binding, "apply_for_process", None)
+    if not callable(apply):
+        return "thread binding: not configured (glowlm.runtime.binding has no apply_for_process)"
+    plan = apply(serving=True)
+    for note in getattr(plan, "notes", ()):
+        logger.warning("thread binding: %s", note)
+    return str(plan.describe())
+
+
+def read_chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--chat-template {path}: cannot read it ({exc.strerror})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_queue is not None and args.max_queue < 0:
+        raise ConfigError("--max-queue must be >= 0")
+    chat_template = read_chat_template(args.chat_template)
+    model = args.model
+    if model is None:
+        from glowlm.default_model import default_model_path
+
+        model = default_model_path()
+        logger.info("no MODEL given: serving the embedded default model (%s)", model)
+    from glowlm.config import EngineConfig
+    from glowlm.entrypoints.openai.server import ServerOptions, bind_socket, serve
+
+    config = EngineConfig.create(
+        model, online=True, dtype=args.dtype, max_model_len=args.max_model_len,
+        block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, platform=args.platform,
+        enable_prefix_caching=args.enable_prefix_caching, seed=args.seed,
+        served_model_name=args.served_model_name[0] if args.served_model_name else None)
+    sock = bind_socket(args.host, args.port)
+    from glowlm.engine.llm_engine import LLMEngine
+    from glowlm.entrypoints.openai.engine_loop import engine_thread
+
+    # The engine is built, bound and stepped on one thread, so weights, KV cache and
+    # OpenMP threads all follow that thread's binding.
+    executor = engine_thread()
+    try:
+        logger.info(executor.submit(apply_thread_binding).result())
+        engine = executor.submit(LLMEngine, config).result()
+    except KeyboardInterrupt:
+        logger.warning("interrupted while loading the model; exiting")
+        os._exit(130)  # the engine thread cannot be interrupted; do not wait for it
+    names = args.served_model_name or [args.model or "glowlm-default"]
+    options = ServerOptions(served_model_names=names, api_key=args.api_key,
+                            chat_template=chat_template, max_queue=args.max_queue)
+    serve(engine, options, sock, executor=executor,
+          graceful_shutdown_timeout=args.graceful_shutdown_timeout,
+          access_log=not args.disable_access_log)
+    return 0

@@ -1,0 +1,287 @@
+"""The async engine driver: one asyncio task steps the engine for every HTTP request.
+
+Threading contract. :class:`~glowlm.engine.llm_engine.LLMEngine` is
+single-threaded, and so is the tokenizer it shares with the server (Hugging Face
+fast tokenizers may fail with "Already borrowed" under concurrent use). Every
+call into either (add, abort, step, tokenize, decode, chat templates) therefore
+runs on one single-thread executor, in submission order. The event loop only
+awaits those calls, so it keeps accepting connections and streaming while a step
+runs, and an add or abort submitted during a step runs right after it.
+
+After every engine call the engine thread also takes an
+:class:`~glowlm.entrypoints.openai.metrics.EngineSnapshot` and drains the
+engine's latency lists (which would otherwise grow for the server's lifetime),
+so ``/metrics`` never reads the engine itself.
+
+Aborts are submitted without being awaited: they are issued from ``finally``
+blocks of cancelled tasks (a client that disconnected), where anyio's cancel
+scopes would cancel any ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from glowlm.engine.llm_engine import LLMEngine
+from glowlm.engine.outputs import PositionLogprobs, RequestOutput
+from glowlm.entrypoints.openai.metrics import EngineSnapshot, ServerMetrics
+from glowlm.errors import RequestError
+from glowlm.logger import init_logger
+from glowlm.sampling.params import SamplingParams
+
+logger = init_logger(__name__)
+
+T = TypeVar("T")
+
+
+def engine_thread() -> ThreadPoolExecutor:
+    """The single thread every engine call runs on."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="glowlm-engine")
+
+
+class EngineFailure(RuntimeError):
+    """The engine raised while stepping; the requests in flight were aborted."""
+
+
+class RequestsCancelled(Exception):
+    """Delivered to a group whose requests were aborted (server shutting down)."""
+
+
+class RequestGroup:
+    """The engine requests behind one HTTP request, sharing one output queue.
+
+    Iterate it to receive every :class:`RequestOutput` of its requests until all
+    have finished. :meth:`close` aborts whatever has not finished; call it in a
+    ``finally`` so a failed or abandoned HTTP request never leaves work behind.
+    """
+
+    def __init__(self, driver: AsyncEngine) -> None:
+        self._driver = driver
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.pending: set[str] = set()
+
+    async def add(self, request_id: str, prompt: str | list[int] | dict[str, Any],
+                  params: SamplingParams) -> None:
+        """Queue one request; raises RequestError (nothing queued) if it is invalid."""
+        driver = self._driver
+        self.pending.add(request_id)  # first: close() must abort it even if we are cancelled
+        driver.streams[request_id] = self.queue
+        driver.adds_in_flight += 1
+        try:
+            await driver.run(driver.add_in_thread, request_id, prompt, params)
+        except RequestError:
+            self.pending.discard(request_id)  # nothing was queued
+            driver.streams.pop(request_id, None)
+            raise
+        finally:
+            driver.adds_in_flight -= 1
+        driver.wake()
+
+    def __aiter__(self) -> RequestGroup:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self.pending:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.pending.clear()
+            raise item
+        if item.finished:
+            self.pending.discard(item.request_id)
+            self._driver.streams.pop(item.request_id, None)
+        return item
+
+    def cancel(self, reason: BaseException | None = None) -> None:
+        """Abort everything and make iteration end (or raise ``reason``)."""
+        self.close()
+        self.queue.put_nowait(reason or RequestsCancelled("the request was cancelled"))
+
+    def close(self) -> None:
+        for request_id in self.pending:
+            self._driver.abort(request_id)
+        self.pending.clear()
+
+
+class AsyncEngine:
+    """Owns the engine thread and the stepping task; shared by all HTTP requests."""
+
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_queue: int | None = None,
+                 executor: ThreadPoolExecutor | None = None) -> None:
+        """``executor``: the single thread that built the engine (and holds its thread
+        binding); a new one is made if not given."""
+        self.engine = engine
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self.snapshot = EngineSnapshot()
+        self._executor = executor or engine_thread()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: Adds submitted to the engine thread but not yet done (touched on the loop only).
+        self.adds_in_flight = 0
+        self._token_text: dict[int, str] = {}
+        self._closed = False
+        self.snapshot = self._snapshot()  # engine idle: safe from this thread
+
+    # -- lifecycle (event loop) ---------------------------------------------------------
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="glowlm-engine-loop")
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def shutdown(self) -> None:
+        """Abort what is left, stop stepping, and let the engine thread finish."""
+        for queue in list(self.streams.values()):
+            queue.put_nowait(RequestsCancelled("the server is shutting down"))
+        self.streams.clear()
+        with contextlib.suppress(Exception):
+            await self.run(self._abort_all_in_thread)
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._executor.shutdown(wait=True)
+
+    # -- calls into the engine thread ---------------------------------------------------
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the engine thread (serialized with every engine call)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def group(self) -> RequestGroup:
+        return RequestGroup(self)
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        """Abort without waiting (usable from cancelled tasks); unknown ids are ignored."""
+        self.streams.pop(request_id, None)
+        if not self._closed:
+            self.metrics.count_finished("abort")
+            with contextlib.suppress(RuntimeError):  # executor already shut down
+                self._executor.submit(self._abort_in_thread, request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued but not yet running, counting adds not yet in the snapshot."""
+        return self.snapshot.num_waiting + self.adds_in_flight
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Engine thread only."""
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Engine thread only: each token decoded alone (cached; used for logprobs)."""
+        out = []
+        for t in token_ids:
+            text = self._token_text.get(t)
+            if text is None:
+                text = self.engine.tokenizer.decode([t], skip_special_tokens=False)
+                self._token_text[t] = text
+            out.append(text)
+        return out
+
+    # -- engine-thread bodies -----------------------------------------------------------
+
+    def add_in_thread(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
+        try:
+            self.engine.add_request(request_id, prompt, params)
+        finally:
+            self.snapshot = self._snapshot()
+
+    def _abort_in_thread(self, request_id: str) -> None:
+        self.engine.abort_request(request_id)
+        self.snapshot = self._snapshot()
+
+    def _abort_all_in_thread(self) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort_request(request_id)
+        self.snapshot = self._snapshot()
+
+    def _step_in_thread(self) -> tuple[list[RequestOutput], dict[str, list[float]]]:
+        try:
+            outputs = self.engine.step()
+            for out in outputs:
+                self._decode_logprobs(out)
+        finally:
+            self.snapshot = self._snapshot()
+        lat = self.engine.stats.latencies
+        samples = {kind: values[:] for kind, values in lat.items()}
+        for values in lat.values():
+            values.clear()
+        return outputs, samples
+
+    def _decode_logprobs(self, out: RequestOutput) -> None:
+        """Fill ``decoded_token`` of new logprob entries (newest first, stop at decoded)."""
+        lists: list[list[PositionLogprobs | None]] = [
+            o.logprobs for o in out.outputs if o.logprobs]  # type: ignore[misc]
+        if out.prompt_logprobs:
+            lists.append(out.prompt_logprobs)
+        for positions in lists:
+            for entry in reversed(positions):
+                if entry is None:
+                    continue
+                if all(lp.decoded_token is not None for lp in entry.values()):
+                    break
+                ids = list(entry)
+                for lp, text in zip(entry.values(), self.token_texts(ids), strict=True):
+                    lp.decoded_token = text
+
+    def _snapshot(self) -> EngineSnapshot:
+        e = self.engine
+        bm = e.block_manager
+        return EngineSnapshot(
+            num_running=e.num_running, num_waiting=e.num_waiting,
+            num_unfinished=len(e.requests), num_blocks=bm.num_blocks,
+            num_free_blocks=bm.num_free_blocks, kv_cache_usage=bm.usage(),
+            prefix_cache_queries=bm.stats.queries, prefix_cache_hits=bm.stats.hits,
+            prompt_tokens=e.stats.prompt_tokens, generation_tokens=e.stats.generation_tokens,
+            num_preemptions=e.scheduler.num_preemptions)
+
+    # -- the stepping task --------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.snapshot.num_unfinished:
+                try:
+                    outputs, samples = await self.run(self._step_in_thread)
+                except Exception as exc:  # noqa: BLE001 - a bug must not hang every client
+                    logger.exception("engine step failed; aborting the requests in flight")
+                    self._fail_all(EngineFailure(f"the engine failed: {exc!r}"))
+                    continue
+                self.metrics.observe(samples)
+                self._dispatch(outputs)
+                if not self.snapshot.num_running:
+                    await asyncio.sleep(0.002)  # nothing fits yet: do not spin
+                else:
+                    await asyncio.sleep(0)  # let handlers run between steps
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            if out.finished and out.outputs:
+                self.metrics.count_finished(out.outputs[0].finish_reason or "abort")
+            queue = self.streams.get(out.request_id)
+            if queue is not None:
+                queue.put_nowait(out)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request_id, queue in list(self.streams.items()):
+            queue.put_nowait(exc)
+            self.abort(request_id)
+        with contextlib.suppress(RuntimeError):
+            self._executor.submit(self._abort_all_in_thread)

@@ -1,0 +1,229 @@
+"""The OpenAI-compatible HTTP server: FastAPI on uvicorn, one engine shared by all requests.
+
+The engine runs in this process, stepped by one asyncio task on one engine
+thread (see :mod:`glowlm.entrypoints.openai.engine_loop`); docs/server.md says
+why. Request bodies are parsed here rather than by FastAPI so every malformed
+or invalid body becomes an OpenAI-shaped 4xx naming the field.
+
+Shutdown (Ctrl-C, SIGTERM): uvicorn stops accepting connections and lets the
+open ones finish for up to ``--graceful-shutdown-timeout`` seconds; then the
+lifespan hook aborts whatever is left and stops the engine thread.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from glowlm import __version__
+from glowlm.engine.llm_engine import LLMEngine
+from glowlm.entrypoints.openai.engine_loop import AsyncEngine
+from glowlm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
+from glowlm.entrypoints.openai.protocol import (
+    APIError,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+    parse_request,
+)
+from glowlm.entrypoints.openai.serving_chat import OpenAIServingChat
+from glowlm.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from glowlm.logger import init_logger
+
+logger = init_logger(__name__)
+
+#: Paths answered without an API key: probes and scrapers carry no credentials.
+OPEN_PATHS = frozenset({"/health", "/version", "/metrics", "/ping"})
+
+
+@dataclass
+class ServerOptions:
+    served_model_names: list[str]
+    api_key: str | None = None
+    chat_template: str | None = None
+    max_queue: int | None = None
+
+
+class APIKeyMiddleware:
+    """401 for a missing or wrong ``Authorization: Bearer`` key (pure ASGI: streams pass)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS \
+                or scope.get("method") == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization")
+        if given == self.expected:
+            await self.app(scope, receive, send)
+            return
+        why = "missing" if given is None else "wrong"
+        response = JSONResponse(error_body(
+            f"{why} API key: send 'Authorization: Bearer <key>'", "authentication_error",
+            None, "invalid_api_key"), status_code=401)
+        await response(scope, receive, send)
+
+
+def _api_error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def build_app(engine: LLMEngine, options: ServerOptions,
+              executor: ThreadPoolExecutor | None = None) -> FastAPI:
+    """The ASGI app; the engine loop starts and stops with the app's lifespan.
+
+    ``executor`` is the engine thread, if the engine was built on one (see
+    :func:`glowlm.entrypoints.openai.engine_loop.engine_thread`).
+    """
+    names = options.served_model_names
+    metrics = ServerMetrics(names[0])
+    driver = AsyncEngine(engine, metrics, options.max_queue, executor)
+    completions = OpenAIServingCompletion(driver, names)
+    chat = OpenAIServingChat(driver, names, options.chat_template)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        driver.start()
+        try:
+            yield
+        finally:
+            logger.info("shutting down: aborting %d unfinished request(s)",
+                        driver.snapshot.num_unfinished)
+            await driver.shutdown()
+
+    app = FastAPI(title="glowlm", version=__version__, lifespan=lifespan)
+    app.state.driver = driver
+    if options.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=options.api_key)
+
+    @app.exception_handler(APIError)
+    async def on_api_error(_: Request, exc: APIError) -> JSONResponse:
+        return _api_error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error", None, code),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.errors()[:1])), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error while serving a request")
+        return JSONResponse(error_body(f"internal server error: {exc!r}", "server_error"),
+                            status_code=500)
+
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "glowlm",
+                "root": engine.config.model, "parent": None,
+                "max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(n) for n in names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        return model_card(completions.model_name(model_id))
+
+    @app.post("/v1/completions")
+    async def create_completion(raw: Request) -> Response:
+        return await completions.create(raw, await raw.body())
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(raw: Request) -> Response:
+        return await chat.create(raw, await raw.body())
+
+    @app.get("/health")
+    @app.get("/ping")
+    async def health() -> Response:
+        if not driver.alive:
+            return JSONResponse(error_body("the engine loop is not running", "server_error"),
+                                status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def get_metrics() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(driver.snapshot), media_type=CONTENT_TYPE)
+
+    @app.post("/tokenize")
+    async def tokenize(raw: Request) -> dict[str, Any]:
+        req: TokenizeRequest = parse_request(TokenizeRequest, await raw.body())
+        completions.model_name(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError("give exactly one of prompt or messages", param="prompt")
+        if req.messages is not None:
+            msgs = [m.template_dict() for m in req.messages]
+            ids = await driver.run(chat.render, msgs, req.add_generation_prompt)
+        else:
+            ids = await driver.run(driver.tokenize, req.prompt, req.add_special_tokens)
+        strs = await driver.run(driver.token_texts, ids) if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids,
+                "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(raw: Request) -> dict[str, Any]:
+        req: DetokenizeRequest = parse_request(DetokenizeRequest, await raw.body())
+        completions.model_name(req.model)
+        if any(not 0 <= t < engine.vocab_size for t in req.tokens):
+            raise APIError(f"tokens must be in [0, {engine.vocab_size})", param="tokens")
+        text = await driver.run(engine.tokenizer.decode, req.tokens)
+        return {"prompt": text}
+
+    return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before loading the model, so a busy port fails in a second, not after the load."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        from glowlm.errors import ConfigError
+
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another "
+                          "--port or stop what is using it") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(engine: LLMEngine, options: ServerOptions, sock: socket.socket, *,
+          executor: ThreadPoolExecutor | None = None, graceful_shutdown_timeout: float = 30.0,
+          access_log: bool = True) -> None:
+    """Run uvicorn on an already bound socket until Ctrl-C / SIGTERM."""
+    import uvicorn
+
+    app = build_app(engine, options, executor)
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, log_level="info", access_log=access_log,
+                            timeout_graceful_shutdown=graceful_shutdown_timeout,
+                            timeout_keep_alive=5)
+    logger.info("serving %s on http://%s:%d (OpenAI API under /v1)",
+                json.dumps(options.served_model_names), host, port)
+    uvicorn.Server(config).run(sockets=[sock])

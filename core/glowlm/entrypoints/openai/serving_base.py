@@ -1,0 +1,248 @@
+"""What completions and chat completions share: checks, sampling parameters, logprobs, SSE.
+
+Every check that can fail for user input runs before anything is queued and
+raises :class:`~glowlm.entrypoints.openai.protocol.APIError` naming the field,
+so a bad request is a 4xx and never a half-queued batch. After queueing, the
+request's :class:`~glowlm.entrypoints.openai.engine_loop.RequestGroup` is closed
+in a ``finally`` (or by the response, for streams) so nothing is left running
+when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from glowlm.engine.outputs import Logprob, PositionLogprobs, RequestOutput
+from glowlm.entrypoints.openai.engine_loop import (
+    AsyncEngine,
+    EngineFailure,
+    RequestGroup,
+    RequestsCancelled,
+)
+from glowlm.entrypoints.openai.protocol import (
+    APIError,
+    ChatLogProb,
+    ChatLogProbsContent,
+    CompletionLogProbs,
+    SamplingRequest,
+    param_of,
+)
+from glowlm.errors import RequestError
+from glowlm.sampling.params import SamplingParams
+
+#: vLLM's stand-in for -inf, which JSON cannot carry.
+_MIN_LOGPROB = -9999.0
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    """One server-sent event. Whole strings only, so a UTF-8 character is never split."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n"
+
+
+def _lp(value: float) -> float:
+    return _MIN_LOGPROB if math.isinf(value) or math.isnan(value) else max(value, _MIN_LOGPROB)
+
+
+def _by_rank(entry: PositionLogprobs) -> list[Logprob]:
+    return sorted(entry.values(), key=lambda lp: lp.rank if lp.rank is not None else 1 << 30)
+
+
+def completion_logprobs(token_ids: Sequence[int], positions: Sequence[PositionLogprobs | None],
+                        offset: int, texts: Sequence[str] | None = None) -> CompletionLogProbs:
+    """The legacy completions format; ``texts`` overrides token texts (prompt echo)."""
+    out = CompletionLogProbs()
+    for i, tid in enumerate(token_ids):
+        entry = positions[i] if i < len(positions) else None
+        chosen = entry.get(tid) if entry else None
+        if texts is not None:
+            text = texts[i]
+        else:
+            text = (chosen.decoded_token or "") if chosen else ""
+        out.tokens.append(text)
+        out.text_offset.append(offset)
+        offset += len(text)
+        out.token_logprobs.append(_lp(chosen.logprob) if chosen else None)
+        out.top_logprobs.append({lp.decoded_token or "": _lp(lp.logprob)
+                                 for lp in _by_rank(entry)} if entry else None)
+    return out
+
+
+def chat_logprobs(token_ids: Sequence[int], positions: Sequence[PositionLogprobs | None],
+                  top: int) -> list[ChatLogProbsContent]:
+    """The chat format: the chosen token, then the ``top`` most likely ones."""
+    out = []
+    for tid, entry in zip(token_ids, positions, strict=False):
+        if entry is None or tid not in entry:
+            continue
+        chosen = entry[tid]
+        text = chosen.decoded_token or ""
+        tops = [ChatLogProb(token=lp.decoded_token or "", logprob=_lp(lp.logprob),
+                            bytes=list((lp.decoded_token or "").encode()))
+                for lp in _by_rank(entry) if lp.rank is not None and lp.rank <= top]
+        out.append(ChatLogProbsContent(token=text, logprob=_lp(chosen.logprob),
+                                       bytes=list(text.encode()), top_logprobs=tops[:top]))
+    return out
+
+
+class GroupStreamingResponse(StreamingResponse):
+    """An SSE response that aborts its requests however it ends (disconnect included).
+
+    Starlette cancels the streaming task when the client disconnects; the
+    generator may not even have started, so the group is closed here rather than
+    in the generator.
+    """
+
+    def __init__(self, content: Any, group: RequestGroup) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.group = group
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.group.close()
+
+
+class OpenAIServing:
+    """State and checks shared by the completion and chat endpoints."""
+
+    def __init__(self, driver: AsyncEngine, model_names: list[str]) -> None:
+        self.driver = driver
+        engine = driver.engine
+        self.model_names = model_names
+        self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
+        self.max_num_seqs = engine.config.max_num_seqs
+
+    def model_name(self, requested: str | None) -> str:
+        if requested is None or requested in self.model_names:
+            return requested or self.model_names[0]
+        raise APIError(f"the model {requested!r} does not exist; this server serves "
+                       f"{', '.join(map(repr, self.model_names))}", status=404, param="model",
+                       code="model_not_found")
+
+    def check_queue(self, count: int) -> None:
+        """503 with Retry-After when admitting ``count`` more would exceed --max-queue."""
+        limit = self.driver.max_queue
+        waiting = self.driver.num_waiting
+        if limit is None or waiting + count <= limit:
+            return
+        recent = self.driver.metrics.recent_e2e
+        hint = max(1, min(60, math.ceil(sum(recent) / len(recent)))) if recent else 1
+        raise APIError(f"the server is at capacity: {waiting} requests are waiting "
+                       f"(--max-queue {limit}); retry in about {hint} s", status=503,
+                       code="queue_full", headers={"Retry-After": str(hint)})
+
+    def sampling_params(self, req: SamplingRequest, *, max_tokens: int | None,
+                        logprobs: int | None, prompt_logprobs: int | None = None,
+                        max_tokens_field: str = "max_tokens") -> SamplingParams:
+        if req.n > self.max_num_seqs:
+            raise APIError(f"n={req.n} exceeds this server's --max-num-seqs "
+                           f"({self.max_num_seqs})", param="n")
+        try:
+            return SamplingParams(
+                n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=0 if req.top_k is None else req.top_k,
+                min_p=0.0 if req.min_p is None else req.min_p, seed=req.seed,
+                max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop,
+                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                repetition_penalty=(1.0 if req.repetition_penalty is None
+                                    else req.repetition_penalty),
+                skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output)
+        except RequestError as exc:
+            msg = str(exc)
+            param = param_of(msg, set(type(req).model_fields) | {"max_tokens"})
+            if param == "max_tokens" and max_tokens_field != "max_tokens":
+                msg, param = msg.replace("max_tokens", max_tokens_field), max_tokens_field
+            raise APIError(msg, param=param, code="invalid_value") from None
+
+    def check_prompt(self, token_ids: list[int], params: SamplingParams, param: str,
+                     max_tokens_field: str = "max_tokens") -> None:
+        """The engine's own checks, done here so the error names the request's field."""
+        if not token_ids:
+            raise APIError(f"{param} is empty", param=param)
+        if any(not 0 <= t < self.vocab_size for t in token_ids):
+            raise APIError(f"{param}: token ids must be in [0, {self.vocab_size})", param=param)
+        n, limit = len(token_ids), self.max_model_len
+        if n >= limit:
+            raise APIError(f"this model's maximum context length is {limit} tokens, but "
+                           f"{param} has {n} tokens", param=param,
+                           code="context_length_exceeded")
+        if params.max_tokens is not None and n + params.max_tokens > limit:
+            raise APIError(f"{max_tokens_field}={params.max_tokens} does not fit: {param} has "
+                           f"{n} tokens and the context length is {limit} ({limit - n} tokens "
+                           f"left)", param=max_tokens_field, code="context_length_exceeded")
+
+    async def add_all(self, group: RequestGroup, request_id: str,
+                      prompts: list[dict[str, Any]], params: SamplingParams) -> list[str]:
+        """Queue one engine request per prompt; all or nothing."""
+        ids = [f"{request_id}-{i}" for i in range(len(prompts))]
+        try:
+            for rid, prompt in zip(ids, prompts, strict=True):
+                await group.add(rid, prompt, params)
+        except RequestError as exc:
+            group.close()
+            raise APIError(str(exc), param="prompt") from None
+        except BaseException:
+            group.close()
+            raise
+        return ids
+
+    async def collect(self, raw: Request, group: RequestGroup) -> dict[str, RequestOutput] | None:
+        """Final outputs by request id; None if the client went away (requests aborted)."""
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await raw.receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            group.cancel()
+
+        watcher = asyncio.create_task(watch())
+        finals: dict[str, RequestOutput] = {}
+        try:
+            async for out in group:
+                if out.finished:
+                    finals[out.request_id] = out
+        except RequestsCancelled as exc:
+            if gone:
+                return None
+            raise APIError(str(exc), status=503, code="shutting_down") from None
+        except EngineFailure as exc:
+            raise APIError(str(exc), status=500, code="engine_failure") from None
+        finally:
+            watcher.cancel()
+            group.close()
+        return finals
+
+
+def stream_error(exc: BaseException) -> str:
+    status = 503 if isinstance(exc, RequestsCancelled) else 500
+    typ = "service_unavailable" if status == 503 else "server_error"
+    return sse({"error": {"message": str(exc), "type": typ, "param": None, "code": status}})

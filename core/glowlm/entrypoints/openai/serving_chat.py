@@ -1,0 +1,165 @@
+"""``POST /v1/chat/completions``: messages through the chat template, then one engine request.
+
+The template is the tokenizer's own, or the file given with ``--chat-template``.
+The rendered text is tokenized without adding special tokens, because templates
+write their own (a second BOS would change the model's output). Rendering runs
+on the engine thread like every other tokenizer call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from glowlm.engine.outputs import RequestOutput
+from glowlm.entrypoints.openai.engine_loop import (
+    AsyncEngine,
+    EngineFailure,
+    RequestGroup,
+    RequestsCancelled,
+)
+from glowlm.entrypoints.openai.protocol import (
+    APIError,
+    ChatChoiceLogProbs,
+    ChatCompletionChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    UsageInfo,
+    parse_request,
+)
+from glowlm.entrypoints.openai.serving_base import (
+    GroupStreamingResponse,
+    OpenAIServing,
+    chat_logprobs,
+    now,
+    random_id,
+    sse,
+    stream_error,
+)
+
+#: Arguments of apply_chat_template that chat_template_kwargs may not override.
+_RESERVED = frozenset({"conversation", "chat_template", "tokenize", "add_generation_prompt",
+                       "return_dict", "return_tensors", "tools", "documents"})
+
+
+class OpenAIServingChat(OpenAIServing):
+    def __init__(self, driver: AsyncEngine, model_names: list[str],
+                 chat_template: str | None) -> None:
+        super().__init__(driver, model_names)
+        self.chat_template = chat_template
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+               kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Engine thread only: the conversation's prompt token ids."""
+        tok = self.driver.engine.tokenizer
+        if self.chat_template is None and not getattr(tok, "chat_template", None):
+            raise APIError("this model's tokenizer has no chat template; start the server "
+                           "with --chat-template FILE, or use /v1/completions",
+                           param="messages", code="no_chat_template")
+        bad = _RESERVED & set(kwargs or {})
+        if bad:
+            raise APIError(f"chat_template_kwargs may not set {', '.join(sorted(bad))}",
+                           param="chat_template_kwargs")
+        try:
+            text = tok.apply_chat_template(messages, chat_template=self.chat_template,
+                                           add_generation_prompt=add_generation_prompt,
+                                           tokenize=False, **(kwargs or {}))
+        except Exception as exc:  # noqa: BLE001 - jinja raises many types, all user-caused
+            raise APIError(f"cannot apply the chat template to messages: {exc}",
+                           param="messages") from None
+        return self.driver.tokenize(str(text), add_special_tokens=False)
+
+    async def create(self, raw: Request, body: bytes) -> Response:
+        req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body)
+        req.check_stream_options()
+        model = self.model_name(req.model)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError("top_logprobs requires logprobs: true", param="top_logprobs")
+        field = "max_completion_tokens" if req.max_completion_tokens is not None \
+            else "max_tokens"
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
+            else req.max_tokens
+        top = req.top_logprobs or 0
+        params = self.sampling_params(req, max_tokens=max_tokens,
+                                      logprobs=top if req.logprobs else None,
+                                      max_tokens_field=field)
+        self.check_queue(1)
+        messages = [m.template_dict() for m in req.messages]
+        ids = await self.driver.run(self.render, messages, req.add_generation_prompt,
+                                    req.chat_template_kwargs)
+        self.check_prompt(ids, params, "messages", field)
+        request_id = random_id("chatcmpl")
+        group = self.driver.group()
+        rid, = await self.add_all(group, request_id, [{"prompt_token_ids": ids}], params)
+        head = {"id": request_id, "created": now(), "model": model}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return GroupStreamingResponse(
+                self._stream(head, req.n, group, top if req.logprobs else None, include_usage),
+                group)
+        finals = await self.collect(raw, group)
+        if finals is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return JSONResponse(self._response(head, finals[rid], top if req.logprobs else None)
+                            .model_dump())
+
+    def _response(self, head: dict[str, Any], out: RequestOutput,
+                  top: int | None) -> ChatCompletionResponse:
+        choices = [
+            ChatCompletionChoice(
+                index=o.index, message=ChatResponseMessage(content=o.text),
+                logprobs=ChatChoiceLogProbs(content=chat_logprobs(
+                    o.token_ids, o.logprobs or [], top)) if top is not None else None,
+                finish_reason=o.finish_reason, stop_reason=o.stop_reason)
+            for o in out.outputs]
+        completion = sum(len(o.token_ids) for o in out.outputs)
+        usage = UsageInfo(prompt_tokens=len(out.prompt_token_ids),
+                          completion_tokens=completion,
+                          total_tokens=len(out.prompt_token_ids) + completion)
+        return ChatCompletionResponse(**head, choices=choices, usage=usage)
+
+    async def _stream(self, head: dict[str, Any], n: int, group: RequestGroup,
+                      top: int | None, include_usage: bool) -> AsyncIterator[str]:
+        head = {**head, "object": "chat.completion.chunk"}
+        sent_chars = [0] * n
+        sent_tokens = [0] * n
+        done: set[int] = set()
+        usage = UsageInfo()
+        for i in range(n):  # the role first, as OpenAI does, before any token exists
+            yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant",
+                                                                  "content": ""},
+                                            "logprobs": None, "finish_reason": None}]})
+        try:
+            async for out in group:
+                for o in out.outputs:
+                    i = o.index
+                    if i in done:
+                        continue
+                    start, end = sent_tokens[i], len(o.token_ids)
+                    delta = o.text[sent_chars[i]:]
+                    if not delta and end == start and o.finish_reason is None:
+                        continue
+                    sent_chars[i], sent_tokens[i] = len(o.text), end
+                    lp = None
+                    if top is not None:
+                        lp = {"content": [c.model_dump() for c in chat_logprobs(
+                            o.token_ids[start:end], (o.logprobs or [])[start:end], top)]}
+                    if o.finish_reason is not None:
+                        done.add(i)
+                    yield sse({**head, "choices": [{
+                        "index": i, "delta": {"content": delta}, "logprobs": lp,
+                        "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}]})
+                if out.finished:
+                    usage.prompt_tokens = len(out.prompt_token_ids)
+                    usage.completion_tokens = sum(len(o.token_ids) for o in out.outputs)
+        except (RequestsCancelled, EngineFailure) as exc:
+            yield stream_error(exc)
+        else:
+            if include_usage:
+                usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+                yield sse({**head, "choices": [], "usage": usage.model_dump()})
+        yield sse("[DONE]")
