@@ -108,9 +108,15 @@ class ThroughputResult:
     requests_per_s: float
 
 
-def measure_throughput(engine: LLMEngine, input_len: int, output_len: int, num_prompts: int
-                       ) -> ThroughputResult:
+def measure_throughput(engine: LLMEngine, input_len: int, output_len: int, num_prompts: int,
+                       shared_prefix_len: int = 0) -> ThroughputResult:
+    """P2; with ``shared_prefix_len``, every prompt starts with the same random prefix
+    (seed 2) before its own ``input_len`` ids, as in few-shot or system-prompt serving."""
     prompts = random_prompts(num_prompts, input_len, engine.vocab_size, seed=1)
+    if shared_prefix_len:
+        prefix = random_prompts(1, shared_prefix_len, engine.vocab_size, seed=2)[0]
+        prompts = [prefix + p for p in prompts]
+        input_len += shared_prefix_len
     for i, p in enumerate(prompts):
         engine.add_request(f"p2-{i}", {"prompt_token_ids": p}, _forced(output_len))
     start = time.perf_counter()

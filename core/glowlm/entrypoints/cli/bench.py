@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         q.add_argument("--output-len", type=int, default=128)
         if kind == "throughput":
             q.add_argument("--num-prompts", type=int, default=32)
+            q.add_argument("--shared-prefix-len", type=int, default=0,
+                           help="prepend the same random prefix of this length to every "
+                                "prompt (measures prefix caching; it stays on with this)")
         else:
             q.add_argument("--batch-size", type=int, default=1)
             q.add_argument("--num-iters", type=int, default=3)
@@ -59,7 +62,8 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
     from glowlm.engine.llm_engine import LLMEngine
 
     kwargs = engine_kwargs(args)
-    kwargs.setdefault("enable_prefix_caching", False)  # random prompts: nothing to share
+    if not getattr(args, "shared_prefix_len", 0):
+        kwargs.setdefault("enable_prefix_caching", False)  # random prompts: nothing to share
     return LLMEngine(EngineConfig.create(args.model, online=False, **kwargs))
 
 
@@ -100,7 +104,11 @@ def run(args: argparse.Namespace) -> int:
                       python_overhead_fraction=round(lat.overhead_fraction, 4))
     else:
         thr = protocol.measure_throughput(engine, args.input_len, args.output_len,
-                                          args.num_prompts)
+                                          args.num_prompts, args.shared_prefix_len)
+        result.update(shared_prefix_len=args.shared_prefix_len,
+                      prefix_caching=engine.config.enable_prefix_caching,
+                      prefix_cache_hit_rate=round(engine.block_manager.stats.hit_rate, 3),
+                      prompt_tokens_computed=engine.stats.prompt_tokens)
         result.update(num_prompts=args.num_prompts, elapsed_s=round(thr.elapsed_s, 2),
                       output_tokens_per_s=round(thr.output_tokens_per_s, 2),
                       total_tokens_per_s=round(thr.total_tokens_per_s, 2),
