@@ -138,11 +138,21 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    def cancel_all(self, reason: str) -> None:
+        """End every request now: its HTTP handler gets RequestsCancelled(reason)."""
+        queues = {id(q): q for q in self.streams.values()}
+        for _ in self.streams:
+            self.metrics.count_finished("abort")
+        self.streams.clear()
+        for queue in queues.values():
+            queue.put_nowait(RequestsCancelled(reason))
+        if not self._closed:
+            with contextlib.suppress(RuntimeError):
+                self._executor.submit(self._abort_all_in_thread)
+
     async def shutdown(self) -> None:
         """Abort what is left, stop stepping, and let the engine thread finish."""
-        for queue in list(self.streams.values()):
-            queue.put_nowait(RequestsCancelled("the server is shutting down"))
-        self.streams.clear()
+        self.cancel_all("the server is shutting down")
         with contextlib.suppress(Exception):
             await self.run(self._abort_all_in_thread)
         self._closed = True

@@ -5,22 +5,28 @@ thread (see :mod:`glowlm.entrypoints.openai.engine_loop`); docs/server.md says
 why. Request bodies are parsed here rather than by FastAPI so every malformed
 or invalid body becomes an OpenAI-shaped 4xx naming the field.
 
-Shutdown (Ctrl-C, SIGTERM): uvicorn stops accepting connections and lets the
-open ones finish for up to ``--graceful-shutdown-timeout`` seconds; then the
-lifespan hook aborts whatever is left and stops the engine thread.
+Shutdown (Ctrl-C, SIGTERM): stop accepting connections, let open requests
+finish for up to ``--graceful-shutdown-timeout`` seconds, then end the rest
+(a stream gets an error event and ``[DONE]``, a plain request a 503), stop the
+engine thread and exit 0. A second Ctrl-C exits at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import signal
 import socket
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -103,8 +109,9 @@ def build_app(engine: LLMEngine, options: ServerOptions,
         try:
             yield
         finally:
-            logger.info("shutting down: aborting %d unfinished request(s)",
-                        driver.snapshot.num_unfinished)
+            if driver.snapshot.num_unfinished:
+                logger.info("shutting down: aborting %d unfinished request(s)",
+                            driver.snapshot.num_unfinished)
             await driver.shutdown()
 
     app = FastAPI(title="glowlm", version=__version__, lifespan=lifespan)
@@ -213,17 +220,56 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server with glowlm's shutdown policy.
+
+    uvicorn alone would cancel the open request tasks when its graceful timeout
+    expires (a traceback per request, streams cut without an error) and then
+    re-raise the signal, so the process dies by SIGTERM. Here the driver ends
+    the remaining requests itself when the drain time is up, so every client
+    gets a well-formed ending, and a signal-initiated shutdown exits 0.
+    """
+
+    def __init__(self, config: uvicorn.Config, driver: AsyncEngine, drain_seconds: float) -> None:
+        super().__init__(config)
+        self.driver = driver
+        self.drain_seconds = drain_seconds
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        sigs = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        pending = self.driver.snapshot.num_unfinished
+        if pending:
+            logger.info("draining %d request(s) for up to %.0f s", pending, self.drain_seconds)
+        timer = asyncio.get_running_loop().call_later(
+            self.drain_seconds, self.driver.cancel_all, "the server is shutting down")
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+
 def serve(engine: LLMEngine, options: ServerOptions, sock: socket.socket, *,
           executor: ThreadPoolExecutor | None = None, graceful_shutdown_timeout: float = 30.0,
           access_log: bool = True) -> None:
     """Run uvicorn on an already bound socket until Ctrl-C / SIGTERM."""
-    import uvicorn
-
     app = build_app(engine, options, executor)
     host, port = sock.getsockname()[:2]
+    # uvicorn's own timeout is only a backstop: GracefulServer ends requests first.
     config = uvicorn.Config(app, log_level="info", access_log=access_log,
-                            timeout_graceful_shutdown=graceful_shutdown_timeout,
+                            timeout_graceful_shutdown=graceful_shutdown_timeout + 10,
                             timeout_keep_alive=5)
     logger.info("serving %s on http://%s:%d (OpenAI API under /v1)",
                 json.dumps(options.served_model_names), host, port)
-    uvicorn.Server(config).run(sockets=[sock])
+    GracefulServer(config, app.state.driver, graceful_shutdown_timeout).run(sockets=[sock])

@@ -142,10 +142,17 @@ class OpenAIServing:
                        code="model_not_found")
 
     def check_queue(self, count: int) -> None:
-        """503 with Retry-After when admitting ``count`` more would exceed --max-queue."""
+        """503 with Retry-After when admitting ``count`` more would exceed --max-queue.
+
+        Only requests that would have to wait count: free batch slots take new
+        requests at once, so ``--max-queue 0`` still serves up to --max-num-seqs.
+        """
         limit = self.driver.max_queue
+        if limit is None:
+            return
         waiting = self.driver.num_waiting
-        if limit is None or waiting + count <= limit:
+        free_slots = max(0, self.max_num_seqs - self.driver.snapshot.num_running - waiting)
+        if waiting + max(0, count - free_slots) <= limit:
             return
         recent = self.driver.metrics.recent_e2e
         hint = max(1, min(60, math.ceil(sum(recent) / len(recent)))) if recent else 1
