@@ -263,23 +263,34 @@ class AsyncEngine:
     # -- the stepping task --------------------------------------------------------------
 
     async def _loop(self) -> None:
+        """Step while there is work. Step N+1 is submitted before step N's outputs are
+        handed out, so formatting and sending them (on the event loop) overlaps the
+        next step's compute instead of adding to every inter-token latency."""
         assert self._wake is not None
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self.snapshot.num_unfinished:
+            pending: asyncio.Future[Any] | None = None
+            while pending is not None or self.snapshot.num_unfinished:
+                if pending is None:
+                    pending = loop.run_in_executor(self._executor, self._step_in_thread)
                 try:
-                    outputs, samples = await self.run(self._step_in_thread)
+                    outputs, samples = await pending
                 except Exception as exc:  # noqa: BLE001 - a bug must not hang every client
                     logger.exception("engine step failed; aborting the requests in flight")
                     self._fail_all(EngineFailure(f"the engine failed: {exc!r}"))
+                    pending = None
                     continue
+                snap = self.snapshot
+                pending = (loop.run_in_executor(self._executor, self._step_in_thread)
+                           if snap.num_unfinished and snap.num_running else None)
                 self.metrics.observe(samples)
                 self._dispatch(outputs)
-                if not self.snapshot.num_running:
+                if pending is None and snap.num_unfinished:
                     await asyncio.sleep(0.002)  # nothing fits yet: do not spin
                 else:
-                    await asyncio.sleep(0)  # let handlers run between steps
+                    await asyncio.sleep(0)  # let handlers run
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
