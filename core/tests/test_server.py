@@ -21,14 +21,19 @@ from glowlm.testing.tiny_models import make_tiny_model
 
 MODEL = "tiny"
 EXACT = {"ignore_eos": True}
+#: Served with --chat-template, so the flag is what the chat tests exercise.
+TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}[assistant] {% endif %}")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("server")
     model = make_tiny_model("llama", root / "llama")
+    (root / "template.jinja").write_text(TEMPLATE)
     srv = start_server(model, root / "server.log", "--block-size", "32",
-                       "--served-model-name", MODEL)
+                       "--served-model-name", MODEL, "--chat-template",
+                       str(root / "template.jinja"))
     yield srv
     stop_server(srv)
 
@@ -68,6 +73,19 @@ def test_stream_equals_non_stream_for_same_seed(client: openai.OpenAI) -> None:
     assert text == whole.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_stream_never_splits_a_character(client: openai.OpenAI, seed: int) -> None:
+    """Byte-level BPE pieces are often half a character: deltas must wait for the rest."""
+    args = dict(model=MODEL, prompt="你好，世界 🌍 café", max_tokens=24, temperature=1.0,
+                seed=seed, extra_body=EXACT)
+    whole = client.completions.create(**args).choices[0].text  # type: ignore[call-overload]
+    pieces = [c.choices[0].text for c in client.completions.create(
+        **args, stream=True)]  # type: ignore[call-overload]
+    assert "".join(pieces) == whole
+    assert all(p.encode("utf-8").decode("utf-8") == p for p in pieces)
+    assert "\ufffd" not in "".join(pieces) or "\ufffd" in whole  # no premature U+FFFD
 
 
 def test_same_seed_same_text_and_n(client: openai.OpenAI) -> None:
@@ -181,11 +199,16 @@ def test_tokenize_detokenize(server: Server, client: openai.OpenAI) -> None:
     assert ids["count"] == len(ids["tokens"]) and ids["max_model_len"] == 1024
     text = httpx.post(f"{server.url}/detokenize", json={"tokens": ids["tokens"]}).json()
     assert text["prompt"] == "def f(): pass"
+
+def test_chat_template_file_is_used(server: Server, client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "hi"}]
-    counted = httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()["count"]
+    counted = httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()
+    rendered = httpx.post(f"{server.url}/tokenize", json={
+        "prompt": "[user] hi\n[assistant] ", "add_special_tokens": False}).json()
+    assert counted["tokens"] == rendered["tokens"]
     chat = client.chat.completions.create(model=MODEL, messages=messages,  # type: ignore
                                           max_tokens=1)
-    assert chat.usage is not None and chat.usage.prompt_tokens == counted
+    assert chat.usage is not None and chat.usage.prompt_tokens == counted["count"]
 
 
 def test_metrics_report_the_engine(server: Server, client: openai.OpenAI) -> None:
