@@ -164,6 +164,16 @@ def test_disconnect_aborts_and_frees_kv_blocks(server: Server) -> None:
     assert m(server, 'glowlm:request_success_total{finished_reason="abort"}') == aborted + 1
 
 
+def test_disconnect_while_waiting_for_a_plain_answer_aborts(server: Server) -> None:
+    total = m(server, "glowlm:num_kv_cache_blocks")
+    aborted = m(server, 'glowlm:request_success_total{finished_reason="abort"}')
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(f"{server.url}{CMPL}", headers=AUTH, json=LONG, timeout=1.5)
+    assert wait_for(lambda: m(
+        server, 'glowlm:request_success_total{finished_reason="abort"}') == aborted + 1, 10)
+    assert wait_for(lambda: m(server, "glowlm:num_free_kv_cache_blocks") == total, 10)
+
+
 def test_full_queue_gets_503_with_retry_after(server: Server) -> None:
     waiting_result: dict[str, Any] = {}
 

@@ -95,12 +95,12 @@ def run(args: argparse.Namespace) -> int:
     if args.max_queue is not None and args.max_queue < 0:
         raise ConfigError("--max-queue must be >= 0")
     chat_template = read_chat_template(args.chat_template)
-    model = args.model
+    model, name = args.model, args.model
     if model is None:
-        from glowlm.default_model import default_model_path
+        from glowlm import default_model
 
-        model = default_model_path()
-        logger.info("no MODEL given: serving the embedded default model (%s)", model)
+        model, name = default_model.default_model_path(), str(default_model.describe()["name"])
+        logger.info("no MODEL given: serving the embedded default model %s (%s)", name, model)
     from glowlm.config import EngineConfig
     from glowlm.entrypoints.openai.server import ServerOptions, bind_socket, serve
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         logger.warning("interrupted while loading the model; exiting")
         os._exit(130)  # the engine thread cannot be interrupted; do not wait for it
-    names = args.served_model_name or [args.model or "glowlm-default"]
+    names = args.served_model_name or [name]
     options = ServerOptions(served_model_names=names, api_key=args.api_key,
                             chat_template=chat_template, max_queue=args.max_queue)
     serve(engine, options, sock, executor=executor,
