@@ -15,7 +15,7 @@ HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 
 def test_report_has_the_documented_sections() -> None:
     report = dict(collect_env.collect())
-    assert list(report) == ["versions", "torch", "cpu", "numa", "platform"]
+    assert list(report)[:5] == ["versions", "torch", "cpu", "numa", "platform"]
     assert {"openmp", "mkl", "onednn", "cpu_capability"} <= set(report["torch"])
     assert {"logical_cpus", "physical_cores", "flags_present", "flags_absent"} <= set(
         report["cpu"])

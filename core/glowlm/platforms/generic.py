@@ -30,8 +30,9 @@ class GenericCpuPlatform(Platform):
                             dtypes=(torch.float32, torch.bfloat16, torch.float16))
 
     def startup_notes(self) -> list[str]:
-        return ["the generic platform runs core's portable reference kernels (correct but "
-                "slow); `glowlm platforms` shows why each hardware plugin was not chosen"]
+        return ["no hardware plugin matches this CPU (or generic was forced): running core's "
+                "portable reference kernels (correct but slow); `glowlm platforms` shows why "
+                "each hardware plugin was not chosen"]
 
 
 @hookimpl
