@@ -85,6 +85,12 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
                        attention_backend=platform.attention_backend(), quant_config=quant,
                        unquantized=platform.unquantized_linear_method())
     max_model_len = resolve_max_model_len(config, info)
+    from glowlm.runtime import binding, preload
+
+    # Threads are placed before any weight is touched, in the thread that runs the
+    # model; a server that already bound its engine thread gets its plan back.
+    logger.info("%s", binding.apply_for_process(serving=config.online).describe())
+    logger.info("%s", preload.describe())
     from glowlm.runtime.memory import plan_memory  # noqa: PLC0415 - runtime is optional here
 
     plan = plan_memory(info, dtype, config, max_model_len)

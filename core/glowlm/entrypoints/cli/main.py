@@ -36,6 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the real command line: maybe re-exec once with LD_PRELOAD
+        try:
+            from glowlm.runtime.preload import maybe_reexec
+
+            maybe_reexec()
+        except GlowlmError as exc:
+            print(f"glowlm: error: {exc}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
