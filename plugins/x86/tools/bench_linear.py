@@ -32,9 +32,12 @@ def main() -> None:
     ap.add_argument("--ms", default="1,2,4,8,16,32,128")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--compiled", default="", help="ISA (avx2/avx512): also time the "
                     "compiled gemv and gemm_converted")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     impls: dict[str, Callable[..., torch.Tensor]] = {"torch": F.linear}
     if args.compiled:
         from glowlm import envs

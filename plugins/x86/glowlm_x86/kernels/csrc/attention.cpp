@@ -14,6 +14,7 @@
 
 #include "dispatch.h"
 #include "ops.h"
+#include "parallel.h"
 #include "vec.h"
 
 namespace glowlm {
@@ -120,25 +121,23 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
 template <typename C>
 void run_tasks(const std::vector<Task>& tasks, const Geometry& g, const float* q, float* out,
                const C* cache, const int32_t* tables, const int32_t* qsl, const int32_t* lens) {
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const Task& t = tasks[i];
-      switch (g.head_size / W) {
-#define GLOWLM_NV_CASE(N) \
-  case N:                 \
+  parallel_chunks(static_cast<int64_t>(tasks.size()), [&](int64_t i) {
+    const Task& t = tasks[i];
+    switch (g.head_size / W) {
+#define GLOWLM_NV_CASE(N)                                 \
+  case N:                                                 \
     attend<C, N>(t, g, q, out, cache, tables, qsl, lens); \
     break;
-        GLOWLM_NV_CASE(4)
-        GLOWLM_NV_CASE(5)
-        GLOWLM_NV_CASE(6)
-        GLOWLM_NV_CASE(8)
-        GLOWLM_NV_CASE(10)
-        GLOWLM_NV_CASE(12)
-        GLOWLM_NV_CASE(16)
+      GLOWLM_NV_CASE(4)
+      GLOWLM_NV_CASE(5)
+      GLOWLM_NV_CASE(6)
+      GLOWLM_NV_CASE(8)
+      GLOWLM_NV_CASE(10)
+      GLOWLM_NV_CASE(12)
+      GLOWLM_NV_CASE(16)
 #undef GLOWLM_NV_CASE
-        default:
-          attend<C, 0>(t, g, q, out, cache, tables, qsl, lens);
-      }
+      default:
+        attend<C, 0>(t, g, q, out, cache, tables, qsl, lens);
     }
   });
 }

@@ -15,6 +15,7 @@
 
 #include "dispatch.h"
 #include "ops.h"
+#include "parallel.h"
 #include "vec.h"
 
 namespace glowlm {
@@ -61,10 +62,14 @@ inline void gemv_rows(const float* x, int64_t M, int64_t K, const WT* w, const f
 template <typename WT>
 void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, float* y,
                int64_t N) {
+  // Chunks of 16 row tiles (64 output rows): long contiguous weight streams per
+  // chunk, and enough chunks (>= 32 on these shapes) to balance uneven threads.
+  constexpr int64_t kTilesPerChunk = 16;
   const int64_t tiles = (N + kNR - 1) / kNR;
-  // Enough tiles per task that a thread streams a long contiguous slice of W.
-  at::parallel_for(0, tiles, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
+  const int64_t chunks = (tiles + kTilesPerChunk - 1) / kTilesPerChunk;
+  parallel_chunks(chunks, [&](int64_t c) {
+    const int64_t end = std::min(tiles, (c + 1) * kTilesPerChunk);
+    for (int64_t t = c * kTilesPerChunk; t < end; ++t) {
       const int64_t n0 = t * kNR;
       const float* b = bias ? bias + n0 : nullptr;
       if (n0 + kNR <= N) {
