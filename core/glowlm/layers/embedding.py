@@ -50,6 +50,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size: int, hidden_size: int, parts: ModelParts, prefix: str,
                  bias: bool = False) -> None:
         super().__init__(vocab_size, hidden_size, parts, prefix)
+        self.dense_linear = parts.ops.dense_linear
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(self.per_rank, dtype=parts.dtype),
@@ -60,6 +61,6 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[tokens, vocab]`` (padding rows of the last rank dropped)."""
-        logits = nn.functional.linear(hidden, self.weight, self.bias)
+        logits = self.dense_linear(hidden, self.weight, self.bias)
         logits = self.parallel.all_gather_last_dim(logits)
         return logits[:, : self.vocab_size].float()

@@ -58,6 +58,13 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     return rotate(query), rotate(key)
 
 
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """``x @ weight.T + bias`` on a plain ``[out, in]`` weight (the LM head, tied to the
+    embedding, so never repacked): a platform may stream it faster than torch."""
+    return F.linear(x, weight, bias)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` for the fused gate/up projection."""
     gate, up = x.chunk(2, dim=-1)

@@ -23,6 +23,7 @@ class OpsTable:
     gelu: Callable = reference.gelu
     gelu_tanh: Callable = reference.gelu_tanh
     relu: Callable = reference.relu
+    dense_linear: Callable = reference.dense_linear
 
     def replaced(self) -> list[str]:
         """Names of ops that differ from core's reference (for start-up reports)."""
