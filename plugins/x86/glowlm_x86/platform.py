@@ -99,7 +99,6 @@ class X86Platform(Platform):
             notes.append(ZENTORCH_HINT)
         return notes
 
-
     # -- compiled kernels ----------------------------------------------------------
 
     def kernel_isa(self) -> str | None:
@@ -122,8 +121,10 @@ class X86Platform(Platform):
                 if self._library is not None:
                     from glowlm_x86.kernels.ops import OP_NAMES
 
-                    self.capabilities = dataclasses.replace(self.capabilities,
-                                                            kernels=OP_NAMES)
+                    # Keep what a subclass already declared (Zen: its zentorch linear).
+                    names = self.capabilities.kernels + tuple(
+                        n for n in OP_NAMES if n not in self.capabilities.kernels)
+                    self.capabilities = dataclasses.replace(self.capabilities, kernels=names)
             return self._library
 
     def _load_kernels(self) -> KernelLibrary | None:

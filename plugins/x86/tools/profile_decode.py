@@ -1,4 +1,4 @@
-"""Profile one prefill and a few decode steps of glowlm.LLM (top ops by self CPU time).
+"""Time one prefill, then profile a few decode steps of glowlm.LLM (top ops by self CPU time).
 
 Usage: python plugins/x86/tools/profile_decode.py MODEL [--platform x86] [--dtype bfloat16]
        [--threads N] [--input-len 128] [--steps 4]
@@ -35,10 +35,10 @@ def main() -> None:
     while engine.has_unfinished_requests():
         engine.step()
     engine.add_request("p", {"prompt_token_ids": ids}, params)
+    t0 = time.perf_counter()
+    engine.step()
+    t1 = time.perf_counter()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        engine.step()
-        t1 = time.perf_counter()
         for _ in range(args.steps):
             engine.step()
         t2 = time.perf_counter()
