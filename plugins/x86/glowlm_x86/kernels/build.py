@@ -35,8 +35,8 @@ ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"),
 }
-#: Rough first-build time on a 2-core machine (shown to the user).
-EXPECTED_BUILD_SECONDS = 180
+#: Rough first-build time on a busy 2-vCPU machine with MAX_JOBS=1 (shown to the user).
+EXPECTED_BUILD_SECONDS = 240
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,83 @@
+"""Build machinery: cache keys, and the one-line fallback when no compiler is available."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from glowlm_x86.kernels import build
+
+FALLBACK_SCRIPT = """
+import sys
+from glowlm.platforms.host import live
+from glowlm_x86.platform import X86Platform
+cpu = live()
+match = X86Platform.detect(cpu)
+if not match.matched:
+    print("SKIP"); sys.exit(0)
+p = X86Platform(cpu, match)
+ops = p.ops()
+print("REFERENCE" if ops.replaced() == [] else "COMPILED", p.capabilities.kernels,
+      p.attention_backend().name)
+"""
+
+
+def test_cache_key_separates_isas_and_names_the_module() -> None:
+    assert build.source_hash("avx2") != build.source_hash("avx512")
+    name = build.module_name("avx2")
+    assert name.startswith("glowlm_x86_avx2_") and build.source_hash("avx2") in name
+
+
+def test_every_source_is_compiled_and_hashed() -> None:
+    cpp = {p.name for p in build.CSRC.glob("*.cpp")}
+    assert cpp == set(build.SOURCES)
+
+
+def _run_fallback(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "GLOWLM_KERNEL_CACHE": str(tmp_path / "cache"), **env}
+    return subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT], env=full, text=True,
+                          capture_output=True, timeout=300)
+
+
+def test_no_compiler_is_one_warning_and_reference_kernels(tmp_path: Path) -> None:
+    # An empty cache and no compiler on PATH: the build cannot start.
+    out = _run_fallback(tmp_path, PATH=str(tmp_path / "no-bin"))
+    if out.stdout.strip() == "SKIP":
+        return
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "REFERENCE", out.stdout
+    assert "() reference" in out.stdout
+    warnings = [ln for ln in out.stderr.splitlines() if "kernels unavailable" in ln]
+    assert len(warnings) == 1 and "no C++ compiler" in warnings[0], out.stderr
+
+
+def test_disable_kernels_never_builds(tmp_path: Path) -> None:
+    out = _run_fallback(tmp_path, GLOWLM_DISABLE_KERNELS="1")
+    if out.stdout.strip() == "SKIP":
+        return
+    assert out.stdout.split()[0] == "REFERENCE", out.stdout
+    assert "kernels unavailable" not in out.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+
+
+def test_kernel_isa_follows_the_live_cpu_not_the_recorded_host(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from glowlm.platforms import host as host_info
+    from glowlm_x86.platform import X86Platform
+
+    skylake = host_info.from_dump(HOSTS / "x86_64-skylake-xeon-8124m.cpuinfo")
+    zen3 = host_info.from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
+    platform = X86Platform(skylake, X86Platform.detect(skylake))
+    assert platform.capabilities.isa == "avx512"
+    monkeypatch.setattr(host_info, "live", lambda: zen3)
+    assert platform.kernel_isa() == "avx2"  # never AVX-512 code on an AVX2-only CPU
+    monkeypatch.setattr(host_info, "live", lambda: skylake)
+    assert platform.kernel_isa() == "avx512"
+    avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
+    assert avx2_platform.kernel_isa() == "avx2"  # an AVX2 platform never picks AVX-512
