@@ -153,10 +153,11 @@ class X86Platform(Platform):
         from glowlm.ops.table import OpsTable
 
         from glowlm_x86.kernels import ops
+        from glowlm_x86.kernels.linear import dense_linear
 
         return OpsTable(rms_norm=ops.rms_norm, fused_add_rms_norm=ops.fused_add_rms_norm,
                         rotary_embedding=ops.rotary_embedding, silu_and_mul=ops.silu_and_mul,
-                        gelu=ops.gelu, gelu_tanh=ops.gelu_tanh)
+                        gelu=ops.gelu, gelu_tanh=ops.gelu_tanh, dense_linear=dense_linear)
 
     def unquantized_linear_method(self) -> LinearMethod:
         if self.kernels() is None:

@@ -38,6 +38,27 @@ class GemmPolicy:
     convert_block_rows: int = 256
 
 
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 policy: GemmPolicy = GemmPolicy()) -> torch.Tensor:
+    """``F.linear`` with the kernel choice below, on a plain ``[out, in]`` weight.
+
+    The OpsTable's ``dense_linear`` (the LM head, tied to the embedding) and
+    :class:`X86LinearMethod` share it.
+    """
+    x2 = x.reshape(-1, x.shape[-1])
+    m = x2.shape[0]
+    if weight.dtype in HALF_DTYPES:
+        if m <= policy.half_gemv_max_m:
+            y = ops.gemv(x2, weight, bias)
+        else:
+            y = ops.gemm_converted(x2, weight, bias, policy.convert_block_rows)
+    elif weight.dtype == torch.float32 and m <= policy.fp32_gemv_max_m:
+        y = ops.gemv(x2, weight, bias)
+    else:
+        return F.linear(x, weight, bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
 class X86LinearMethod(UnquantizedLinearMethod):
     """Dense weights; compiled GEMV for small M, converted fp32 GEMM for large M."""
 
@@ -46,17 +67,4 @@ class X86LinearMethod(UnquantizedLinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
               ) -> torch.Tensor:
-        weight: torch.Tensor = layer.weight
-        x2 = x.reshape(-1, x.shape[-1])
-        m = x2.shape[0]
-        p = self.policy
-        if weight.dtype in HALF_DTYPES:
-            if m <= p.half_gemv_max_m:
-                y = ops.gemv(x2, weight, bias)
-            else:
-                y = ops.gemm_converted(x2, weight, bias, p.convert_block_rows)
-        elif weight.dtype == torch.float32 and m <= p.fp32_gemv_max_m:
-            y = ops.gemv(x2, weight, bias)
-        else:
-            return F.linear(x, weight, bias)
-        return y.reshape(*x.shape[:-1], weight.shape[0])
+        return dense_linear(x, layer.weight, bias, self.policy)
