@@ -8,7 +8,9 @@ from typing import Any
 from glowlm.sampling.params import SamplingParams
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
+    """Engine flags; ``online`` only changes the defaults the help text states."""
+    tokens, seqs, where = (2048, 128, "online") if online else (4096, 256, "offline")
     g = p.add_argument_group("engine")
     g.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"),
                    help="weights/activations dtype (default: the model's own; bfloat16 is "
@@ -18,9 +20,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, help="KV cache block size, a multiple of 32 "
                    "(default 128)")
     g.add_argument("--max-num-batched-tokens", type=int,
-                   help="tokens per engine step (default 4096 x world size offline)")
+                   help=f"tokens per engine step (default {tokens} x world size {where})")
     g.add_argument("--max-num-seqs", type=int,
-                   help="sequences per batch (default 256 x world size offline)")
+                   help=f"sequences per batch (default {seqs} x world size {where})")
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                    action="store_false", default=None, help="turn the prefix cache off")
     g.add_argument("--allow-pickle", action="store_true", default=None,

@@ -13,6 +13,7 @@ import importlib
 import os
 from pathlib import Path
 
+from glowlm.entrypoints.cli.engine_args import add_engine_args, engine_kwargs
 from glowlm.errors import ConfigError
 from glowlm.logger import init_logger
 
@@ -33,31 +34,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "127.0.0.1; use 0.0.0.0 to accept remote clients)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
     p.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="name(s) clients use in 'model' (default: the model path)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the API")
-    p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
-    p.add_argument("--block-size", type=int, help="KV cache block size, a multiple of 32 "
-                   "(default 128)")
-    p.add_argument("--max-num-batched-tokens", type=int,
-                   help="tokens per engine step (default 2048 x world size online)")
-    p.add_argument("--max-num-seqs", type=int,
-                   help="sequences per batch (default 128 x world size online)")
     p.add_argument("--chat-template", metavar="FILE",
                    help="Jinja chat template file (default: the tokenizer's)")
-    p.add_argument("--platform", help="force a platform by name (overrides GLOWLM_PLATFORM)")
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                   action="store_false", default=None, help="turn the prefix cache off")
     p.add_argument("--max-queue", type=int, metavar="N",
                    help="at most N requests wait for a slot; more get 503 with Retry-After "
                         "(default: unlimited)")
-    p.add_argument("--seed", type=int, help="seed for requests that give none (default 0)")
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0, metavar="S",
                    help="on Ctrl-C/SIGTERM, let open requests finish for up to S seconds, "
                         "then abort them (default 30)")
     p.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per HTTP request")
+    add_engine_args(p, online=True)
     p.set_defaults(func=run)
 
 
@@ -105,10 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from glowlm.entrypoints.openai.server import ServerOptions, bind_socket, serve
 
     config = EngineConfig.create(
-        model, online=True, dtype=args.dtype, max_model_len=args.max_model_len,
-        block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, platform=args.platform,
-        enable_prefix_caching=args.enable_prefix_caching, seed=args.seed,
+        model, online=True, **engine_kwargs(args),
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
     sock = bind_socket(args.host, args.port)
     from glowlm.engine.llm_engine import LLMEngine
