@@ -202,3 +202,13 @@ def test_apply_pins_each_openmp_thread_once_per_process() -> None:
     if len(got["cpus"]) > 1:  # each worker thread sits on its own CPU
         singles = {v for v in got["tasks"].values() if v.isdigit()}
         assert {str(c) for c in got["cpus"][1:]} <= singles
+
+
+def test_busy_machine_hint_only_when_auto_takes_every_cpu() -> None:
+    from glowlm.runtime.binding import busy_note
+
+    vm = plan(topo("kvm-epyc-2vcpu"))
+    assert "other processes are busy" in (busy_note(1.9, 2, vm) or "")
+    assert busy_note(0.3, 2, vm) is None
+    assert busy_note(3.0, 2, plan(topo("kvm-epyc-2vcpu"), "0")) is None  # the user chose
+    assert busy_note(3.0, 64, plan(topo("two-socket-skylake-smt"))) is None  # CPUs to spare

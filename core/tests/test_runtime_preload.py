@@ -19,6 +19,12 @@ def test_allocator_found_is_preloaded() -> None:
     assert d.advice("glowlm serve m") == f"LD_PRELOAD={TCMALLOC} glowlm serve m"
 
 
+def test_jemalloc_comes_with_its_tuning() -> None:
+    d = preload.decide("", {}, ("jemalloc", "/x/libjemalloc.so.2"), None, "libgomp")
+    conf = preload.JEMALLOC_CONF
+    assert d.advice("cmd") == f"MALLOC_CONF={conf} LD_PRELOAD=/x/libjemalloc.so.2 cmd"
+
+
 def test_existing_ld_preload_is_kept_after_ours() -> None:
     d = preload.decide("/opt/libfoo.so", {}, ("tcmalloc", TCMALLOC), None, "libgomp")
     assert d.new_ld_preload == f"{TCMALLOC}:/opt/libfoo.so"

@@ -15,6 +15,7 @@ thread count, since threads beyond it only wait for their time slice.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
 
 from glowlm.errors import ConfigError
@@ -219,7 +220,23 @@ def apply_for_process(num_ranks: int = 1, rank: int = 0, serving: bool = False
     from glowlm.runtime import pinning, topology
 
     env = envs.get()
-    p = plan(topology.read(), env.omp_threads_bind, env.num_reserved_cpus,
+    topo = topology.read()
+    p = plan(topo, env.omp_threads_bind, env.num_reserved_cpus,
              num_ranks=num_ranks, rank=rank, serving=serving)
-    _APPLIED = replace(p, applied=tuple(pinning.apply(p.this.cpus, p.this.node)))
+    notes = pinning.apply(p.this.cpus, p.this.node)
+    busy = busy_note(os.getloadavg()[0], len(topo.allowed), p)
+    _APPLIED = replace(p, applied=tuple(notes + ([busy] if busy else [])))
     return _APPLIED
+
+
+def busy_note(load: float, allowed: int, p: BindingPlan) -> str | None:
+    """A hint when other processes already keep CPUs busy and auto took them all.
+
+    The plan comes from the topology, not the load: on a shared machine a team of
+    OpenMP threads runs at the pace of its most contended core (measured 4-5x slower
+    on a 2-CPU VM with one core taken; docs/runtime.md).
+    """
+    if p.mode != "auto" or load < 1.0 or (p.num_threads or 0) + len(p.reserved_cpus) < allowed:
+        return None
+    return (f"load average {load:.1f} on {allowed} CPUs before start: other processes are "
+            "busy; if that lasts, list idle CPUs in GLOWLM_CPU_OMP_THREADS_BIND")

@@ -82,6 +82,13 @@ def apply(cpus: tuple[int, ...], node: int | None) -> list[str]:
     import torch
 
     notes: list[str] = []
+    if node is not None:
+        # First: memory policy is per thread, and OpenMP workers created by the region
+        # below inherit it. Workers that already exist keep the default (local) policy,
+        # which on CPUs of this node means this node too.
+        from glowlm.runtime import numa
+
+        notes.append(numa.bind_memory(node).detail)
     os.sched_setaffinity(0, set(cpus))
     torch.set_num_threads(len(cpus))
     count, how = pin_openmp_threads(cpus)
@@ -91,8 +98,4 @@ def apply(cpus: tuple[int, ...], node: int | None) -> list[str]:
         logger.warning("per-thread pinning incomplete (%s); threads stay within CPUs %s",
                        how, ",".join(map(str, cpus)))
         notes.append(f"process pinned to the CPU set; per-thread pinning: {how}")
-    if node is not None:
-        from glowlm.runtime import numa
-
-        notes.append(numa.bind_memory(node).detail)
     return notes

@@ -37,6 +37,12 @@ REEXEC_VERBS = frozenset({"serve", "generate", "bench"})
 ALLOCATORS = (("tcmalloc", ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")),
               ("jemalloc", ("libjemalloc.so.2",)))
 IOMP = "libiomp5.so"
+#: jemalloc's defaults hand big blocks back to the OS, which loses its whole gain on
+#: prefill-sized tensors (docs/runtime.md); this is the setting PyTorch's CPU tuning
+#: guide recommends, with "never purge" (-1) decay: jemalloc 5.3 ignores its huge
+#: decay values. Applied only if the user set no MALLOC_CONF.
+JEMALLOC_CONF = ("oversize_threshold:1,background_thread:true,metadata_thp:auto,"
+                 "dirty_decay_ms:-1,muzzy_decay_ms:-1")
 _MAPPED = {"tcmalloc": r"libtcmalloc", "jemalloc": r"libjemalloc", "libiomp5": r"libiomp5",
            "libgomp": r"libgomp", "libomp": r"/libomp[.-]"}
 
@@ -121,7 +127,9 @@ class PreloadDecision:
         """The exact line to run to get the preload without glowlm's re-exec."""
         if not self.add:
             return ""
-        return f"LD_PRELOAD={self.new_ld_preload} {command}"
+        conf = (f"MALLOC_CONF={JEMALLOC_CONF} " if any("jemalloc" in lib for lib in self.add)
+                else "")
+        return f"{conf}LD_PRELOAD={self.new_ld_preload} {command}"
 
 
 def decide(ld_preload: str = "", loaded: Mapping[str, str] | None = None,
@@ -144,8 +152,10 @@ def decide(ld_preload: str = "", loaded: Mapping[str, str] | None = None,
     skipped = None
     if iomp and torch_runtime == "libgomp" and "libiomp5" not in in_preload:
         skipped = iomp
+        line = ":".join([*add, *filter(None, ld_preload.split(":")), iomp])
         reasons.append(f"Intel OpenMP found ({iomp}) but torch uses libgomp: not preloaded, "
-                       "to keep one OpenMP runtime per process (see docs/runtime.md)")
+                       "to keep one OpenMP runtime per process (docs/runtime.md); to try "
+                       f"it yourself: LD_PRELOAD={line}")
     elif torch_runtime == "libiomp5":
         reasons.append("torch ships Intel OpenMP itself: nothing to preload for OpenMP")
     return PreloadDecision(tuple(add), tuple(reasons), ld_preload, skipped)
@@ -193,8 +203,10 @@ def maybe_reexec(argv: Sequence[str] | None = None,
     child = dict(environ)
     child["LD_PRELOAD"] = decision.new_ld_preload
     child["GLOWLM_PRELOAD_APPLIED"] = decision.new_ld_preload
-    # tcmalloc reports every allocation above 1 GiB on stderr; a KV cache is one.
+    # gperftools can report allocations above 1 GiB on stderr; a KV cache is one.
     child.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 40))
+    if any("jemalloc" in lib for lib in decision.add):
+        child.setdefault("MALLOC_CONF", JEMALLOC_CONF)
     sys.stdout.flush()
     sys.stderr.flush()
     command = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
