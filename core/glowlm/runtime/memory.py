@@ -228,12 +228,12 @@ def _fits_message(plan: MemoryPlan, config: Any, dtype: torch.dtype, world: int,
                 f"--max-model-len fits. Change: use {smaller}, more ranks "
                 f"(--tensor-parallel-size, one per NUMA node), or a machine with more memory.")
     tokens = spare // plan.kv_bytes_per_token // config.block_size * config.block_size
-    capped = " (the model's own limit)" if tokens >= model_limit else ""
+    capped = ", the model's own limit" if tokens >= model_limit else ""
     tokens = min(tokens, model_limit)
     return (f"{head} Change one of: GLOWLM_CPU_KVCACHE_SPACE to at most "
             f"{int(spare / GIB * 100) / 100:g} GiB (or 'auto'); more ranks "
             f"(--tensor-parallel-size, one per NUMA node); {smaller}. With the KV cache cut "
-            f"to fit, the largest --max-model-len is {tokens} tokens{capped} (its KV cache: "
+            f"to fit, the largest --max-model-len is {tokens} tokens{capped} (KV cache "
             f"{fmt_bytes(tokens * plan.kv_bytes_per_token)}).")
 
 
