@@ -94,6 +94,7 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
     from glowlm.runtime.memory import plan_memory  # noqa: PLC0415 - runtime is optional here
 
     plan = plan_memory(info, dtype, config, max_model_len)
+    logger.info("%s", plan.describe())
     model = load_model(info, parts, config.allow_pickle, show_progress).model
     per_block = kv_bytes_per_token(model, dtype) * config.block_size
     num_blocks = int(plan.kv_cache_bytes // per_block)
