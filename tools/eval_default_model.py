@@ -21,6 +21,13 @@ Figures (all on the held-out stdlib files listed in <model>/heldout_files.json):
     --max-prompt-tokens (128) are skipped so prompt + completion fits the
     training context.  At most --max-functions (100) are used, chosen with
     random.Random(0).sample and kept in source order.
+    Token boundary: the byte-level BPE merges a newline with the following
+    indentation ("\n   " is one token), so in training a lone "\n" token is
+    almost always followed by a column-0 line.  The model is therefore fed
+    the prompt WITHOUT its final "\n" (it generates the newline+indent token
+    itself); the completion must start with "\n" (else it changed the prompt's
+    last line and counts as a failure: "header_changed"), and that "\n" is
+    removed again.  --keep-trailing-newline feeds the prompt as is (naive).
     Greedy generation of up to --max-new-tokens (128) new tokens, stopping at
     "</s>" or when a non-blank line starts at column 0 (the function ended).
     Rule: the completion is cut to its last complete line (text after the
@@ -146,15 +153,22 @@ def clean_completion(text, hit_limit):
     return comp, "ok"
 
 
-def generate(model, tok, prompt, max_new):
+def generate(model, tok, prompt, max_new, strip_nl=True):
+    """Greedy completion of prompt; returns (text relative to prompt, hit_limit, n_new, header_ok)."""
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    ids = torch.tensor([encode(tok, prompt)], dtype=torch.long)
+    strip_nl = strip_nl and prompt.endswith("\n")
+    fed = prompt[:-1] if strip_nl else prompt
+    ids = torch.tensor([encode(tok, fed)], dtype=torch.long)
     n0 = ids.shape[1]
 
     class TopLevel(StoppingCriteria):
         def __call__(self, input_ids, scores, **kw):
             t = tok.decode(input_ids[0, n0:], skip_special_tokens=True)
+            if strip_nl:
+                if not t.startswith("\n"):
+                    return torch.full((input_ids.shape[0],), bool(t), dtype=torch.bool)
+                t = t[1:]
             # stop once a complete line starting at column 0 (non-blank) exists
             done = any(l.strip() and not l[0].isspace() for l in t.split("\n")[:-1])
             return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
@@ -169,7 +183,11 @@ def generate(model, tok, prompt, max_new):
         new = new[: new.index(1)]
     text = tok.decode(new, skip_special_tokens=True)
     hit_limit = (not hit_eos) and len(new) >= max_new
-    return text, hit_limit, len(new)
+    header_ok = True
+    if strip_nl:
+        header_ok = text.startswith("\n")
+        text = text[1:] if header_ok else ""
+    return text, hit_limit, len(new), header_ok
 
 
 def main():
@@ -181,6 +199,8 @@ def main():
     ap.add_argument("--max-prompt-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--show", type=int, default=3, help="print this many example completions")
+    ap.add_argument("--keep-trailing-newline", action="store_true",
+                    help="feed prompts with their final newline (naive; see the token-boundary note above)")
     ap.add_argument("--skip-ppl", action="store_true")
     ap.add_argument("--skip-parse", action="store_true")
     ap.add_argument("--json", default="", help="write the figures to this JSON file")
@@ -252,11 +272,12 @@ def main():
         if len(cands) > a.max_functions:
             keep = sorted(random.Random(0).sample(range(len(cands)), a.max_functions))
             cands = [cands[i] for i in keep]
-        n_ok, stats, examples = 0, {"empty": 0, "hit_limit": 0, "parse_ok_hit_limit": 0, "with_docstring": 0,
+        n_ok, stats, examples = 0, {"empty": 0, "header_changed": 0, "hit_limit": 0, "parse_ok_hit_limit": 0, "with_docstring": 0,
                                    "parse_ok_with_docstring": 0}, []
         for i, c in enumerate(cands):
-            text, hit_limit, n_new = generate(model, tok, c["prompt"], a.max_new_tokens)
-            comp, status = clean_completion(text, hit_limit)
+            text, hit_limit, n_new, header_ok = generate(model, tok, c["prompt"], a.max_new_tokens,
+                                                          strip_nl=not a.keep_trailing_newline)
+            comp, status = clean_completion(text, hit_limit) if header_ok else ("", "header_changed")
             ok = False
             if status == "ok":
                 try:
@@ -265,7 +286,7 @@ def main():
                 except SyntaxError:
                     pass
             else:
-                stats["empty"] += 1
+                stats[status] += 1
             n_ok += ok
             stats["hit_limit"] += hit_limit
             stats["parse_ok_hit_limit"] += ok and hit_limit
@@ -284,19 +305,20 @@ def main():
         res.update({"functions_evaluated": len(cands), "functions_candidates": n_all,
                     "functions_prompt_fits": n_fit, "parse_ok": n_ok, "parse_rate": round(rate, 4),
                     "parse_stats": stats, "max_new_tokens": a.max_new_tokens,
-                    "max_prompt_tokens": a.max_prompt_tokens})
+                    "max_prompt_tokens": a.max_prompt_tokens,
+                    "prompt_trailing_newline_fed": bool(a.keep_trailing_newline)})
         if a.json:
             res["examples"] = examples
 
-    # a fixed smoke prompt
-    p = "def fibonacci(n):\n"
-    ids = torch.tensor([encode(tok, p)])
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
-                             do_sample=False, eos_token_id=1, pad_token_id=1)
-    sample = tok.decode(out[0], skip_special_tokens=True)
-    log(f"greedy sample:\n{sample}\n----")
-    res["fibonacci_sample"] = sample
+    # a fixed smoke prompt, fed with and without its final newline
+    for key, p in (("fibonacci_sample", "def fibonacci(n):\n"), ("fibonacci_sample_no_newline", "def fibonacci(n):")):
+        ids = torch.tensor([encode(tok, p)])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
+                                 do_sample=False, eos_token_id=1, pad_token_id=1)
+        sample = tok.decode(out[0], skip_special_tokens=True)
+        log(f"greedy sample from {p!r}:\n{sample}\n----")
+        res[key] = sample
     res["eval_seconds"] = round(time.time() - t_start, 1)
     if a.json:
         with open(a.json, "w") as f:
