@@ -24,11 +24,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"  size: {info['size_mb']} MB on disk")
     train = info.get("training_info") or {}
     if train:
-        params = train.get("params") or train.get("parameters")
-        print(f"  parameters: {params}; trained {train.get('minutes', '?')} min on "
-              f"{train.get('tokens_seen', '?')} tokens of the Python standard library")
+        print(f"  parameters: {train.get('params', '?'):,}; trained "
+              f"{train.get('train_minutes', '?')} min on {train.get('tokens_seen', '?'):,} "
+              "tokens of the Python standard library")
     ev = info.get("eval") or {}
-    for key, value in ev.items():
-        if not isinstance(value, dict | list):
-            print(f"  {key}: {value}")
+    if ev:
+        print(f"  held-out perplexity {ev['heldout_ppl']} (unigram baseline "
+              f"{ev['unigram_ppl']}); completions that parse: {ev['parse_rate']:.0%} of "
+              f"{ev['functions_evaluated']} held-out function headers")
     return 0
