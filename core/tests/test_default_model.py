@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import torch
-
 from glowlm import LLM, SamplingParams
 from glowlm.default_model import default_model_path, describe
 
