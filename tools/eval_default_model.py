@@ -49,20 +49,21 @@ import math
 import os
 import random
 import sys
-import textwrap
 import time
 
 for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np
-import torch
+# Imported only after the thread env vars above are set: numpy/torch read them at import time.
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from train_default_model import read_text, stdlib_files  # noqa: E402  (same file enumeration as training)
+# same file enumeration as training (importable only after the sys.path insert above)
+from train_default_model import read_text, stdlib_files  # noqa: E402
 
 DEFAULT_MODEL = os.path.join(REPO, "core", "glowlm", "data", "default_model")
 
@@ -108,7 +109,9 @@ def function_prompts(root, held_rel):
             body = node.body
             if body[0].lineno == node.lineno:  # one-liner "def f(): return x"
                 continue
-            if not header.rstrip().endswith(":") or not header.lstrip().startswith(("def ", "async def ")):
+            if not header.rstrip().endswith(":") or not header.lstrip().startswith(
+                ("def ", "async def ")
+            ):
                 continue  # multi-line signature or trailing comment
             has_doc = (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                        and isinstance(body[0].value.value, str))
@@ -118,14 +121,14 @@ def function_prompts(root, held_rel):
             end = body[0].end_lineno if has_doc else node.lineno
             chunk = "\n".join(lines[node.lineno - 1: end]) + "\n"
             indent = len(header) - len(header.lstrip())
-            prompt = "\n".join(l[indent:] if l[:indent].strip() == "" else l.lstrip()
-                               for l in chunk.splitlines()) + "\n"
+            prompt = "\n".join(line[indent:] if line[:indent].strip() == "" else line.lstrip()
+                               for line in chunk.splitlines()) + "\n"
             try:  # prompt + "pass" at the body's indentation must parse
                 body_ind = " " * (rest[0].col_offset - indent)
                 ast.parse(prompt + body_ind + "pass\n")
             except SyntaxError:
                 continue
-            ref = "\n".join(l[indent:] for l in lines[end: rest[-1].end_lineno]) + "\n"
+            ref = "\n".join(line[indent:] for line in lines[end: rest[-1].end_lineno]) + "\n"
             cands.append({"file": rel, "line": node.lineno, "name": node.name,
                           "has_docstring": has_doc, "prompt": prompt, "reference": ref})
     return cands
@@ -138,11 +141,11 @@ def clean_completion(text, hit_limit):
     else:
         text = text[: text.rfind("\n") + 1]
     out = []
-    for l in text.splitlines():
-        if l.strip() and not l[0].isspace():
+    for line in text.splitlines():
+        if line.strip() and not line[0].isspace():
             break  # function ended: a column-0 line
-        out.append(l)
-    code = [l for l in out if l.strip() and not l.strip().startswith("#")]
+        out.append(line)
+    code = [line for line in out if line.strip() and not line.strip().startswith("#")]
     if not code:
         return "", "empty"
     comp = "\n".join(out) + "\n"
@@ -154,7 +157,9 @@ def clean_completion(text, hit_limit):
 
 
 def generate(model, tok, prompt, max_new, strip_nl=True):
-    """Greedy completion of prompt; returns (text relative to prompt, hit_limit, n_new, header_ok)."""
+    """Greedy completion of prompt.
+
+    Returns (text relative to prompt, hit_limit, n_new, header_ok)."""
     from transformers import StoppingCriteria, StoppingCriteriaList
 
     strip_nl = strip_nl and prompt.endswith("\n")
@@ -170,11 +175,12 @@ def generate(model, tok, prompt, max_new, strip_nl=True):
                     return torch.full((input_ids.shape[0],), bool(t), dtype=torch.bool)
                 t = t[1:]
             # stop once a complete line starting at column 0 (non-blank) exists
-            done = any(l.strip() and not l[0].isspace() for l in t.split("\n")[:-1])
+            done = any(line.strip() and not line[0].isspace() for line in t.split("\n")[:-1])
             return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
 
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=max_new,
                              do_sample=False, eos_token_id=1, pad_token_id=1,
                              stopping_criteria=StoppingCriteriaList([TopLevel()]))
     new = out[0, n0:].tolist()
@@ -191,16 +197,19 @@ def generate(model, tok, prompt, max_new, strip_nl=True):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", default=DEFAULT_MODEL)
-    ap.add_argument("--ctx", type=int, default=0, help="window length (0 = training ctx from training_info.json)")
+    ap.add_argument("--ctx", type=int, default=0,
+                    help="window length (0 = training ctx from training_info.json)")
     ap.add_argument("--max-functions", type=int, default=100)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-prompt-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--show", type=int, default=3, help="print this many example completions")
     ap.add_argument("--keep-trailing-newline", action="store_true",
-                    help="feed prompts with their final newline (naive; see the token-boundary note above)")
+                    help="feed prompts with their final newline "
+                         "(naive; see the token-boundary note above)")
     ap.add_argument("--skip-ppl", action="store_true")
     ap.add_argument("--skip-parse", action="store_true")
     ap.add_argument("--json", default="", help="write the figures to this JSON file")
@@ -220,12 +229,14 @@ def main():
     held_set = set(held)
     missing = [r for r in held if not os.path.exists(os.path.join(root, r))]
     if missing:
-        log(f"warning: {len(missing)} held-out files missing in this Python's stdlib: {missing[:5]}")
+        log(f"warning: {len(missing)} held-out files missing in this Python's stdlib: "
+            f"{missing[:5]}")
         held = [r for r in held if r not in missing]
     train_rel = [r for r, _ in files if r not in held_set]
     V = len(tok)
     res = {"model_dir": os.path.relpath(a.model_dir, REPO), "training_status": info.get("status"),
-           "training_steps": info.get("steps"), "params": sum(p.numel() for p in model.parameters()),
+           "training_steps": info.get("steps"),
+           "params": sum(p.numel() for p in model.parameters()),
            "heldout_files": len(held), "ctx": ctx}
     log(f"model {a.model_dir}: params={res['params']:,} vocab={V} status={info.get('status')} "
         f"steps={info.get('steps')} ctx={ctx} heldout_files={len(held)}")
@@ -241,7 +252,8 @@ def main():
         ppl = math.exp(nll.mean().item())
         bpb = nll.sum().item() / math.log(2) / nbytes
         log(f"(a) held-out: {len(ids):,} tokens ({nbytes:,} bytes), {len(nll):,} scored; "
-            f"PPL {ppl:.3f}  loss {nll.mean().item():.4f} nats/token  {bpb:.4f} bits/byte  [{time.time()-t0:.0f}s]")
+            f"PPL {ppl:.3f}  loss {nll.mean().item():.4f} nats/token  {bpb:.4f} bits/byte  "
+            f"[{time.time()-t0:.0f}s]")
         # unigram baseline
         t0 = time.time()
         counts = np.zeros(V, dtype=np.int64)
@@ -257,7 +269,8 @@ def main():
         uni_bpb = -logp[tgt].sum() / math.log(2) / nbytes
         log(f"(b) unigram baseline (add-one, {ntrain:,} training tokens): PPL {uni_ppl:.3f}  "
             f"loss {uni_nll:.4f}  {uni_bpb:.4f} bits/byte  [{time.time()-t0:.0f}s]")
-        res.update({"heldout_tokens": len(ids), "heldout_scored_tokens": len(nll), "heldout_bytes": nbytes,
+        res.update({"heldout_tokens": len(ids), "heldout_scored_tokens": len(nll),
+                    "heldout_bytes": nbytes,
                     "heldout_ppl": round(ppl, 3), "heldout_loss_nats": round(nll.mean().item(), 4),
                     "heldout_bits_per_byte": round(bpb, 4), "unigram_train_tokens": ntrain,
                     "unigram_ppl": round(uni_ppl, 3), "unigram_loss_nats": round(float(uni_nll), 4),
@@ -272,12 +285,14 @@ def main():
         if len(cands) > a.max_functions:
             keep = sorted(random.Random(0).sample(range(len(cands)), a.max_functions))
             cands = [cands[i] for i in keep]
-        n_ok, stats, examples = 0, {"empty": 0, "header_changed": 0, "hit_limit": 0, "parse_ok_hit_limit": 0, "with_docstring": 0,
+        n_ok, stats, examples = 0, {"empty": 0, "header_changed": 0, "hit_limit": 0,
+                                   "parse_ok_hit_limit": 0, "with_docstring": 0,
                                    "parse_ok_with_docstring": 0}, []
         for i, c in enumerate(cands):
             text, hit_limit, n_new, header_ok = generate(model, tok, c["prompt"], a.max_new_tokens,
                                                           strip_nl=not a.keep_trailing_newline)
-            comp, status = clean_completion(text, hit_limit) if header_ok else ("", "header_changed")
+            comp, status = (clean_completion(text, hit_limit) if header_ok
+                            else ("", "header_changed"))
             ok = False
             if status == "ok":
                 try:
@@ -298,7 +313,8 @@ def main():
                 log(f"  [{i+1}/{len(cands)}] parse ok so far {n_ok}  ({time.time()-t0:.0f}s)")
         rate = n_ok / max(1, len(cands))
         log(f"(c) completions that parse: {n_ok}/{len(cands)} = {100*rate:.1f}%  "
-            f"(candidates {n_all}, prompt<= {a.max_prompt_tokens} tokens {n_fit}; {stats})  [{time.time()-t0:.0f}s]")
+            f"(candidates {n_all}, prompt<= {a.max_prompt_tokens} tokens {n_fit}; {stats})  "
+            f"[{time.time()-t0:.0f}s]")
         for e in examples[: a.show]:
             log(f"---- {e['file']}:{e['line']} {e['name']} parse={'ok' if e['ok'] else 'FAIL'}\n"
                 f"{e['prompt']}{e['completion']}")
@@ -311,10 +327,12 @@ def main():
             res["examples"] = examples
 
     # a fixed smoke prompt, fed with and without its final newline
-    for key, p in (("fibonacci_sample", "def fibonacci(n):\n"), ("fibonacci_sample_no_newline", "def fibonacci(n):")):
+    for key, p in (("fibonacci_sample", "def fibonacci(n):\n"),
+                   ("fibonacci_sample_no_newline", "def fibonacci(n):")):
         ids = torch.tensor([encode(tok, p)])
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=64,
                                  do_sample=False, eos_token_id=1, pad_token_id=1)
         sample = tok.decode(out[0], skip_special_tokens=True)
         log(f"greedy sample from {p!r}:\n{sample}\n----")

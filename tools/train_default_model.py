@@ -41,8 +41,9 @@ import time
 for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM"):
     os.environ.setdefault(_v, "1" if _v != "TOKENIZERS_PARALLELISM" else "false")
 
-import numpy as np
-import torch
+# Imported only after the thread env vars above are set: numpy/torch read them at import time.
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO, "core", "glowlm", "data", "default_model")
@@ -104,7 +105,8 @@ def train_tokenizer(train_files, vocab_size):
     )
     tok.train_from_iterator((read_text(p) for _, p in train_files), trainer=trainer,
                             length=len(train_files))
-    assert tok.token_to_id("<s>") == 0 and tok.token_to_id("</s>") == 1 and tok.token_to_id("<unk>") == 2
+    assert (tok.token_to_id("<s>") == 0 and tok.token_to_id("</s>") == 1
+            and tok.token_to_id("<unk>") == 2)
     return tok
 
 
@@ -150,6 +152,7 @@ def make_config(a):
 def export_hf(model, hf_tok, out_dir, info, heldout_rel):
     """Write the HF model dir (bf16 weights) + tokenizer + metadata."""
     import copy
+
     from transformers import GenerationConfig
 
     os.makedirs(out_dir, exist_ok=True)
@@ -161,7 +164,8 @@ def export_hf(model, hf_tok, out_dir, info, heldout_rel):
     save_tokenizer(hf_tok, out_dir)
     with open(os.path.join(out_dir, "heldout_files.json"), "w") as f:
         json.dump({"stdlib_root_relative": True,
-                   "rule": f"sorted index of all stdlib .py files (site-packages excluded) % {HELDOUT_MOD} == 0",
+                   "rule": "sorted index of all stdlib .py files (site-packages excluded) "
+                           f"% {HELDOUT_MOD} == 0",
                    "files": heldout_rel}, f, indent=1)
         f.write("\n")
     with open(os.path.join(out_dir, "training_info.json"), "w") as f:
@@ -183,7 +187,8 @@ def lr_at(step, total, warmup, peak, min_ratio=0.1, time_frac=0.0):
 
 # ----------------------------------------------------------------- main ----
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--work-dir", default=DEFAULT_WORK)
     ap.add_argument("--seed", type=int, default=1234)
@@ -199,9 +204,11 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--max-minutes", type=float, default=70.0,
-                    help="wall-clock budget from process start (summed over resumes); training stops cleanly and saves")
+                    help="wall-clock budget from process start (summed over resumes); "
+                         "training stops cleanly and saves")
     ap.add_argument("--max-steps", type=int, default=0,
-                    help="fix the number of steps (0 = derive from throughput measured in the first minute)")
+                    help="fix the number of steps "
+                         "(0 = derive from throughput measured in the first minute)")
     ap.add_argument("--measure-seconds", type=float, default=60.0)
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
     ap.add_argument("--log-every", type=int, default=10)
@@ -212,7 +219,9 @@ def main():
     t_proc = time.time()
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
-    random.seed(a.seed); np.random.seed(a.seed); torch.manual_seed(a.seed)
+    random.seed(a.seed)
+    np.random.seed(a.seed)
+    torch.manual_seed(a.seed)
     os.makedirs(a.work_dir, exist_ok=True)
     ckpt_path = os.path.join(a.work_dir, "ckpt.pt")
     log(f"[setup] torch {torch.__version__} threads={torch.get_num_threads()} seed={a.seed}")
@@ -220,10 +229,13 @@ def main():
     root, files = stdlib_files()
     train_files, held_files = split_files(files)
     heldout_rel = [r for r, _ in held_files]
-    log(f"[data] stdlib={root} files={len(files)} train={len(train_files)} heldout={len(held_files)}")
+    log(f"[data] stdlib={root} files={len(files)} train={len(train_files)} "
+        f"heldout={len(held_files)}")
 
     # tokenizer (cached in work dir, keyed by file list + vocab size + seed)
-    key = hashlib.sha256(json.dumps([[r for r, _ in train_files], a.vocab_size, a.seed]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps([[r for r, _ in train_files], a.vocab_size, a.seed]).encode()
+    ).hexdigest()[:16]
     tok_path = os.path.join(a.work_dir, f"tokenizer-{key}.json")
     from tokenizers import Tokenizer
     if os.path.exists(tok_path):
@@ -272,7 +284,8 @@ def main():
     model = LlamaForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"[model] LlamaForCausalLM params={n_params:,} ({n_params/1e6:.2f}M) "
-        f"hidden={a.hidden} layers={a.layers} heads={a.heads}/{a.kv_heads} ffn={a.intermediate} ctx={a.ctx}")
+        f"hidden={a.hidden} layers={a.layers} heads={a.heads}/{a.kv_heads} "
+        f"ffn={a.intermediate} ctx={a.ctx}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
@@ -283,7 +296,8 @@ def main():
     loss_hist = []
     if os.path.exists(ckpt_path) and not a.fresh:
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        model.load_state_dict(ck["model"]); opt.load_state_dict(ck["opt"])
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
         step, total_steps, used_seconds = ck["step"], ck["total_steps"], ck["used_seconds"]
         tokens_seen, loss_hist, loop_s_prev = ck["tokens_seen"], ck["loss_hist"], ck["loop_seconds"]
         torch.set_rng_state(ck["torch_rng"])
@@ -304,9 +318,11 @@ def main():
         t0 = time.time()
         st = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
               "total_steps": total_steps, "used_seconds": elapsed_total(),
-              "tokens_seen": tokens_seen, "loss_hist": loss_hist[-200:], "loop_seconds": loop_seconds(),
+              "tokens_seen": tokens_seen, "loss_hist": loss_hist[-200:],
+              "loop_seconds": loop_seconds(),
               "torch_rng": torch.get_rng_state(), "args": vars(a)}
-        torch.save(st, ckpt_path + ".tmp"); os.replace(ckpt_path + ".tmp", ckpt_path)
+        torch.save(st, ckpt_path + ".tmp")
+        os.replace(ckpt_path + ".tmp", ckpt_path)
         recent = loss_hist[-50:]
         info = {
             "status": "final" if final else "intermediate",
@@ -320,19 +336,23 @@ def main():
             "train_files": len(train_files), "heldout_files": len(held_files),
             "train_corpus_tokens": int(len(ids)),
             "tokens_per_second": round(tokens_seen / max(1e-9, loop_seconds()), 1),
-            "tokens_per_second_note": "training-loop tokens / training-loop seconds (excludes tokenizer training and corpus tokenization)",
-            "data": "Python %d.%d standard library .py files (site-packages excluded)" % sys.version_info[:2],
+            "tokens_per_second_note": "training-loop tokens / training-loop seconds "
+                                      "(excludes tokenizer training and corpus tokenization)",
+            "data": f"Python {sys.version_info[0]}.{sys.version_info[1]} standard library "
+                    ".py files (site-packages excluded)",
             "heldout_rule": f"sorted index % {HELDOUT_MOD} == 0",
         }
         export_hf(model, hf_tok, a.out, info, heldout_rel)
-        log(f"[ckpt] step={step} saved ckpt + HF dir ({'final' if final else 'intermediate'}) in {time.time()-t0:.1f}s")
+        log(f"[ckpt] step={step} saved ckpt + HF dir "
+            f"({'final' if final else 'intermediate'}) in {time.time()-t0:.1f}s")
 
     model.train()
     last_ckpt = time.time()
     t_measure0, step_measure0 = None, None
     ema = None
     t_log, tok_log = time.time(), 0
-    log(f"[train] budget={a.max_minutes:.1f}min, already used {used_at_start/60:.1f}min; batch={a.batch}x{a.ctx}")
+    log(f"[train] budget={a.max_minutes:.1f}min, already used {used_at_start/60:.1f}min; "
+        f"batch={a.batch}x{a.ctx}")
     while True:
         if total_steps and step >= total_steps:
             break
@@ -365,18 +385,21 @@ def main():
                 sps = (time.time() - t_measure0) / (step - step_measure0)
                 remaining = budget - elapsed_total() - 60  # margin for checkpoints/final save
                 total_steps = step + int(0.95 * remaining / sps)
-                log(f"[plan] measured {sps:.2f}s/step = {a.batch*a.ctx/sps:.0f} tok/s -> total_steps={total_steps}")
+                log(f"[plan] measured {sps:.2f}s/step = {a.batch*a.ctx/sps:.0f} tok/s "
+                    f"-> total_steps={total_steps}")
 
         if step % a.log_every == 0 or step == 1:
             now = time.time()
-            tps = tok_log / (now - t_log); t_log, tok_log = now, 0
+            tps = tok_log / (now - t_log)
+            t_log, tok_log = now, 0
             if total_steps:
                 sps_now = (a.batch * a.ctx) / max(tps, 1e-9)
                 eta = (total_steps - step) * sps_now
                 eta_s = f"{eta/60:.1f}min"
             else:
                 eta_s = "measuring"
-            log(f"step {step}/{total_steps or '?'} loss {lv:.4f} ema {ema:.4f} lr {opt.param_groups[0]['lr']:.2e} "
+            log(f"step {step}/{total_steps or '?'} loss {lv:.4f} ema {ema:.4f} "
+                f"lr {opt.param_groups[0]['lr']:.2e} "
                 f"tok/s {tps:.0f} elapsed {elapsed_total()/60:.1f}min ETA {eta_s}")
         if time.time() - last_ckpt > a.ckpt_minutes * 60:
             save(final=False)
