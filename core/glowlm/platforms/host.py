@@ -166,7 +166,14 @@ def from_files(
     """
     if sysctl is not None:
         values = parse_sysctl(_read(sysctl, "sysctl"))
-        host = _host_from_sysctl(values, machine or values.get("hw.machine", ""), sysctl)
+        implied = values.get("hw.machine", "")
+        if not implied:  # older dumps lack hw.machine; the ISA flags still tell
+            if values.get("hw.optional.arm64") == "1":
+                implied = "arm64"
+            elif "Intel" in values.get("machdep.cpu.vendor", "") or values.get(
+                    "hw.optional.x86_64") == "1":
+                implied = "x86_64"
+        host = _host_from_sysctl(values, machine or implied, sysctl)
         return dataclasses.replace(host, system=system or "Darwin", modules=frozenset(modules))
     text = _read(cpuinfo, "cpuinfo") if cpuinfo else ""
     machine = machine or guess_machine(text)
