@@ -21,7 +21,7 @@ $(STAMP): core/pyproject.toml $(addsuffix pyproject.toml,$(PLUGINS)) Makefile
 	touch $(STAMP)
 
 demo: install
-	$(VENV)/bin/glowlm generate --max-tokens 64 --prompt 'def fibonacci(n):'
+	$(VENV)/bin/glowlm generate --max-tokens 48 --repetition-penalty 1.2 --prompt 'def fibonacci(n):'
 
 lint: install
 	$(VENV)/bin/ruff check .
