@@ -85,3 +85,16 @@ def test_opcheck(dtype: torch.dtype) -> None:
     torch.library.opcheck(torch.ops.glowlm_x86.gemv.default, (x, w, b))
     torch.library.opcheck(torch.ops.glowlm_x86.gemv.default, (x, w, None))
     torch.library.opcheck(torch.ops.glowlm_x86.gemm_converted.default, (x, w, b, 5))
+
+
+def test_blocked_fp32_linear_equals_torch() -> None:
+    """fp32 GEMMs with many output rows run in row blocks; the result is unchanged."""
+    from glowlm_x86.kernels.linear import _blocked_linear
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(33, 64, generator=g)
+    w = torch.randn(300, 64, generator=g)
+    b = torch.randn(300, generator=g)
+    torch.testing.assert_close(_blocked_linear(x, w, b, 128), torch.nn.functional.linear(x, w, b))
+    torch.testing.assert_close(_blocked_linear(x, w, None, 128),
+                               torch.nn.functional.linear(x, w))

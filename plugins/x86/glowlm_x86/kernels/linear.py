@@ -36,6 +36,21 @@ class GemmPolicy:
     half_gemv_max_m: int = 16
     fp32_gemv_max_m: int = 4
     convert_block_rows: int = 256
+    #: fp32 GEMMs with more output rows run in blocks of this many: a 4096 x 2048 fp32
+    #: block (32 MB) stays in a server's L3, and measured on Zen 3 (2 threads) the fused
+    #: gate/up projection ran 20-30 % faster at M = 32 and M = 128 (docs/performance.md).
+    fp32_block_rows: int = 4096
+
+
+def _blocked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    rows: int) -> torch.Tensor:
+    """``F.linear`` in blocks of ``rows`` output features, concatenated."""
+    n = weight.shape[0]
+    if n <= rows:
+        return F.linear(x, weight, bias)
+    parts = [F.linear(x, weight[i:i + rows], None if bias is None else bias[i:i + rows])
+             for i in range(0, n, rows)]
+    return torch.cat(parts, dim=-1)
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -54,6 +69,8 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
             y = ops.gemm_converted(x2, weight, bias, policy.convert_block_rows)
     elif weight.dtype == torch.float32 and m <= policy.fp32_gemv_max_m:
         y = ops.gemv(x2, weight, bias)
+    elif weight.dtype == torch.float32:
+        y = _blocked_linear(x2, weight, bias, policy.fp32_block_rows)
     else:
         return F.linear(x, weight, bias)
     return y.reshape(*x.shape[:-1], weight.shape[0])
