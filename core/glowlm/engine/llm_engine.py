@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,8 @@ from glowlm.sampling.params import SamplingParams
 
 logger = init_logger(__name__)
 
+LATENCY_SAMPLES = 100_000
+
 
 @dataclass
 class EngineStats:
@@ -38,8 +41,10 @@ class EngineStats:
     prepare_seconds: float = 0.0
     step_seconds: float = 0.0
     finished_requests: int = 0
-    latencies: dict[str, list[float]] = field(default_factory=lambda: {
-        "ttft": [], "itl": [], "e2e": []})
+    #: Latency samples (seconds) since a consumer last drained them (the server does,
+    #: every step); bounded so a long-lived offline engine does not grow without end.
+    latencies: dict[str, deque[float]] = field(default_factory=lambda: {
+        kind: deque(maxlen=LATENCY_SAMPLES) for kind in ("ttft", "itl", "e2e")})
 
 
 class LLMEngine:

@@ -17,6 +17,19 @@ from glowlm.sampling.params import SamplingParams
 PromptType = str | list[int] | dict[str, Any]
 
 
+def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], chat_template: str | None = None,
+                add_generation_prompt: bool = True) -> dict[str, list[int]]:
+    """A conversation rendered by the chat template, as a token-id prompt."""
+    try:
+        ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
+                                            add_generation_prompt=add_generation_prompt)
+    except Exception as exc:  # noqa: BLE001 - jinja/transformers errors
+        raise RequestError(f"cannot apply the chat template: {exc}") from None
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a mapping
+        ids = ids["input_ids"]
+    return {"prompt_token_ids": list(ids)}
+
+
 class LLM:
     """An engine for offline batches. ``model=None`` uses the embedded default model.
 
@@ -92,15 +105,7 @@ class LLM:
              add_generation_prompt: bool = True, use_tqdm: bool = True) -> list[RequestOutput]:
         """Apply the tokenizer's chat template (or ``chat_template``) and generate."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        tok = self.engine.tokenizer
-        prompts: list[PromptType] = []
-        for conv in conversations:
-            try:
-                ids = tok.apply_chat_template(conv, chat_template=chat_template, tokenize=True,
-                                              add_generation_prompt=add_generation_prompt)
-            except Exception as exc:  # noqa: BLE001 - jinja/transformers errors
-                raise RequestError(f"cannot apply the chat template: {exc}") from None
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            prompts.append({"prompt_token_ids": list(ids)})
+        prompts: list[PromptType] = [
+            chat_prompt(self.engine.tokenizer, conv, chat_template, add_generation_prompt)
+            for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)

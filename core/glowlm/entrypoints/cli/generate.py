@@ -77,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
     engine = llm.engine
     prompt: object = args.prompt
     if args.chat:
-        ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
-                                                   tokenize=True, add_generation_prompt=True)
-        prompt = {"prompt_token_ids": list(ids["input_ids"] if hasattr(ids, "keys") else ids)}
+        from glowlm.entrypoints.llm import chat_prompt
+
+        prompt = chat_prompt(engine.tokenizer, [{"role": "user", "content": args.prompt}])
     else:
         sys.stdout.write(args.prompt)
     engine.add_request("cli", prompt, params)  # type: ignore[arg-type]

@@ -228,7 +228,7 @@ class AsyncEngine:
         finally:
             self.snapshot = self._snapshot()
         lat = self.engine.stats.latencies
-        samples = {kind: values[:] for kind, values in lat.items()}
+        samples = {kind: list(values) for kind, values in lat.items()}
         for values in lat.values():
             values.clear()
         return outputs, samples
