@@ -1,4 +1,4 @@
-"""The weight-streaming GEMV, the converted GEMM and the x86 linear method.
+"""The weight-streaming GEMV, the blocked GEMM and the x86 linear method.
 
 The reference is the fp32 product of the same (already rounded) inputs. fp32
 results differ from it only by summation order (1e-4 relative on K up to 2048);
@@ -45,12 +45,26 @@ def test_gemv(dtype: torch.dtype, m: int, n: int, k: int, bias: bool) -> None:
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
-@pytest.mark.parametrize("m,n,k,block_rows", [(1, 5, 16, 2), (40, 130, 64, 32), (33, 7, 100, 256)])
+@pytest.mark.parametrize("m", [5, 6, 8, 33, 130])
+@pytest.mark.parametrize("n,k", [(1, 16), (3, 13), (7, 100), (50, 1030), (97, 2049), (130, 256)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemm_converted(dtype: torch.dtype, m: int, n: int, k: int, block_rows: int,
-                        bias: bool) -> None:
+def test_gemm(dtype: torch.dtype, m: int, n: int, k: int, bias: bool) -> None:
+    """Row counts around the register tile and K around the 1024-wide block and lane groups."""
     x, w, b, want = _case(m, n, k, dtype, bias)
-    torch.testing.assert_close(ops.gemm_converted(x, w, b, block_rows), want, **TOL[dtype])
+    torch.testing.assert_close(ops.gemm(x, w, b), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float16])
+def test_gemm_mixed_dtypes_half_weight_fp32_activations(wdtype: torch.dtype) -> None:
+    x, w, _, _ = _case(9, 20, 70, torch.float32, False)
+    w = w.to(wdtype)
+    torch.testing.assert_close(ops.gemm(x, w), F.linear(x, w.float()), **TOL[torch.float32])
+
+
+def test_gemm_empty_k_gives_bias() -> None:
+    b = torch.randn(4)
+    got = ops.gemm(torch.randn(6, 0), torch.randn(4, 0), b)
+    torch.testing.assert_close(got, b.expand(6, 4))
 
 
 def test_gemv_mixed_dtypes_bf16_weight_fp32_activations() -> None:
@@ -62,6 +76,8 @@ def test_gemv_mixed_dtypes_bf16_weight_fp32_activations() -> None:
 def test_shape_errors_are_named() -> None:
     with pytest.raises(RuntimeError, match=r"gemv: x must be \[M, K\]"):
         ops.gemv(torch.randn(2, 8), torch.randn(4, 9))
+    with pytest.raises(RuntimeError, match=r"gemm: x must be \[M, K\]"):
+        ops.gemm(torch.randn(2, 8), torch.randn(4, 9))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -69,8 +85,7 @@ def test_shape_errors_are_named() -> None:
 def test_linear_method_matches_torch_on_every_path(dtype: torch.dtype, m: int) -> None:
     x, w, b, want = _case(m, 48, 64, dtype, True)
     layer = nn.Module()
-    method = X86LinearMethod(GemmPolicy(half_gemv_max_m=16, fp32_gemv_max_m=4,
-                                        convert_block_rows=16))
+    method = X86LinearMethod(GemmPolicy(gemv_max_m=4))
     method.create_weights(layer, 64, [16, 32], dtype)
     layer.weight.data.copy_(w)
     torch.testing.assert_close(method.apply(layer, x, b), want, **TOL[dtype])
@@ -84,17 +99,5 @@ def test_opcheck(dtype: torch.dtype) -> None:
     x, w, b, _ = _case(3, 12, 32, dtype, True)
     torch.library.opcheck(torch.ops.glowlm_x86.gemv.default, (x, w, b))
     torch.library.opcheck(torch.ops.glowlm_x86.gemv.default, (x, w, None))
-    torch.library.opcheck(torch.ops.glowlm_x86.gemm_converted.default, (x, w, b, 5))
-
-
-def test_blocked_fp32_linear_equals_torch() -> None:
-    """fp32 GEMMs with many output rows run in row blocks; the result is unchanged."""
-    from glowlm_x86.kernels.linear import _blocked_linear
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(33, 64, generator=g)
-    w = torch.randn(300, 64, generator=g)
-    b = torch.randn(300, generator=g)
-    torch.testing.assert_close(_blocked_linear(x, w, b, 128), torch.nn.functional.linear(x, w, b))
-    torch.testing.assert_close(_blocked_linear(x, w, None, 128),
-                               torch.nn.functional.linear(x, w))
+    torch.library.opcheck(torch.ops.glowlm_x86.gemm.default, (x, w, b))
+    torch.library.opcheck(torch.ops.glowlm_x86.gemm.default, (x, w, None))

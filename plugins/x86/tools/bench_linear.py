@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--compiled", default="", help="ISA (avx2/avx512): also time the "
-                    "compiled gemv and gemm_converted")
+                    "compiled gemv and gemm")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -46,7 +46,7 @@ def main() -> None:
         if load(args.compiled, envs.get().kernel_cache) is None:
             raise SystemExit("the compiled kernels did not load")
         impls["gemv"] = ops.gemv
-        impls["conv"] = ops.gemm_converted
+        impls["gemm"] = ops.gemm
     print(f"threads={torch.get_num_threads()}")
     for dname in args.dtypes.split(","):
         dtype = getattr(torch, dname)

@@ -29,7 +29,9 @@ from glowlm.logger import init_logger
 logger = init_logger("glowlm.x86.kernels")
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("registration.cpp", "norm_act.cpp", "rotary.cpp", "linear.cpp", "attention.cpp")
+SOURCES = (
+    "registration.cpp", "norm_act.cpp", "rotary.cpp", "linear.cpp", "gemm.cpp", "attention.cpp",
+)
 COMMON_FLAGS = ("-O3", "-fopenmp", "-DNDEBUG")
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "avx2": ("-mavx2", "-mfma", "-mf16c"),

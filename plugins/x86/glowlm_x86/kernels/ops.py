@@ -16,7 +16,7 @@ from torch import Tensor
 
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu",
-            "gelu_tanh", "gemv", "gemm_converted", "write_kv", "paged_attention")
+            "gelu_tanh", "gemv", "gemm", "write_kv", "paged_attention")
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -51,10 +51,9 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return torch.ops.glowlm_x86.gemv(x, weight, bias)
 
 
-def gemm_converted(x: Tensor, weight: Tensor, bias: Tensor | None = None,
-                   block_rows: int = 256) -> Tensor:
-    """``x @ weight.T + bias`` converting ``block_rows`` weight rows at a time to fp32."""
-    return torch.ops.glowlm_x86.gemm_converted(x, weight, bias, block_rows)
+def gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` by the blocked GEMM (weights converted in registers)."""
+    return torch.ops.glowlm_x86.gemm(x, weight, bias)
 
 
 def write_kv(kv_cache: Tensor, key: Tensor, value: Tensor, slot_mapping: Tensor) -> None:
@@ -115,8 +114,8 @@ def _register_fakes() -> None:
     def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty((x.shape[0], weight.shape[0]))
 
-    @reg("glowlm_x86::gemm_converted")
-    def _(x: Tensor, weight: Tensor, bias: Tensor | None, block_rows: int) -> Tensor:
+    @reg("glowlm_x86::gemm")
+    def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty((x.shape[0], weight.shape[0]))
 
     @reg("glowlm_x86::write_kv")

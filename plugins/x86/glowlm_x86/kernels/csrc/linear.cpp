@@ -1,14 +1,10 @@
-// Weight-streaming GEMV/small-M GEMM, and a blocked convert-then-SGEMM for large M.
+// Weight-streaming GEMV for decode (a few token rows); larger M runs gemm.cpp.
 //
 // Decode is bound by memory bandwidth: every weight byte must be read once per
 // step and no more. `gemv` walks the weight in tiles of 4 output rows, converts
 // bf16/fp16 to fp32 in registers, and multiplies each tile with every token row
 // while the tile is still in L1/L2 (fp32 accumulate). Output rows are split
 // across threads, so each thread streams its own slice of the weight.
-//
-// `gemm_converted` is for prefill on CPUs without native bf16 math: it converts
-// `block_rows` weight rows to fp32 into a reused buffer and hands them to torch's
-// fp32 GEMM, so the work runs at the fp32 GEMM rate instead of the bf16 one.
 #include <ATen/Parallel.h>
 
 #include <optional>
@@ -30,15 +26,16 @@ template <int MR, int NR, typename WT>
 inline void gemv_tile(const float* x, int64_t K, const WT* w, const float* bias, float* y,
                       int64_t ldy) {
   VecF acc[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NR; ++n) acc[m][n] = zero();
+  GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
+    GLOWLM_UNROLL for (int n = 0; n < NR; ++n) acc[m][n] = zero();
+  }
   int64_t k = 0;
   for (; k + W <= K; k += W) {
     VecF wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = load(w + n * K + k);
-    for (int m = 0; m < MR; ++m) {
+    GLOWLM_UNROLL for (int n = 0; n < NR; ++n) wv[n] = load(w + n * K + k);
+    GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
       VecF xv = load(x + m * K + k);
-      for (int n = 0; n < NR; ++n) acc[m][n] = fmadd(xv, wv[n], acc[m][n]);
+      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) acc[m][n] = fmadd(xv, wv[n], acc[m][n]);
     }
   }
   for (int m = 0; m < MR; ++m) {
@@ -107,25 +104,6 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight_in,
     gemv_impl(xf.data_ptr<float>(), M, K, weight.data_ptr<scalar_t>(),
               bf ? bf->data_ptr<float>() : nullptr, y.data_ptr<float>(), N);
   });
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
-}
-
-at::Tensor gemm_converted(const at::Tensor& x, const at::Tensor& weight,
-                          const std::optional<at::Tensor>& bias, int64_t block_rows) {
-  check_linear_args(x, weight, bias, "gemm_converted");
-  TORCH_CHECK(block_rows > 0, "gemm_converted: block_rows must be positive");
-  at::Tensor xf = x.to(at::kFloat).contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
-  const int64_t nb = std::min(block_rows, N);
-  at::Tensor buf = at::empty({nb, K}, weight.options().dtype(at::kFloat));
-  for (int64_t n0 = 0; n0 < N; n0 += nb) {
-    const int64_t rows = std::min(nb, N - n0);
-    at::Tensor wb = buf.narrow(0, 0, rows);
-    wb.copy_(weight.narrow(0, n0, rows));  // bf16/fp16 -> fp32, vectorized by torch
-    y.narrow(1, n0, rows).copy_(at::mm(xf, wb.t()));
-  }
-  if (bias) y.add_(bias->to(at::kFloat));
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 

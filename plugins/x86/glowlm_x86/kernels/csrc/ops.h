@@ -22,8 +22,8 @@ at::Tensor gelu(const at::Tensor& x);
 at::Tensor gelu_tanh(const at::Tensor& x);
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight,
                 const std::optional<at::Tensor>& bias);
-at::Tensor gemm_converted(const at::Tensor& x, const at::Tensor& weight,
-                          const std::optional<at::Tensor>& bias, int64_t block_rows);
+at::Tensor gemm(const at::Tensor& x, const at::Tensor& weight,
+                const std::optional<at::Tensor>& bias);
 void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
               const at::Tensor& slot_mapping);
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,

@@ -15,7 +15,7 @@ TORCH_LIBRARY(glowlm_x86, m) {
   m.def("gelu(Tensor x) -> Tensor");
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
-  m.def("gemm_converted(Tensor x, Tensor weight, Tensor? bias, int block_rows) -> Tensor");
+  m.def("gemm(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("write_kv(Tensor(a!) kv_cache, Tensor key, Tensor value, Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables,"
         " Tensor query_start_loc, Tensor seq_lens, float scale) -> Tensor");
@@ -29,7 +29,7 @@ TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
   m.impl("gelu", &glowlm::gelu);
   m.impl("gelu_tanh", &glowlm::gelu_tanh);
   m.impl("gemv", &glowlm::gemv);
-  m.impl("gemm_converted", &glowlm::gemm_converted);
+  m.impl("gemm", &glowlm::gemm);
   m.impl("write_kv", &glowlm::write_kv);
   m.impl("paged_attention", &glowlm::paged_attention);
 }

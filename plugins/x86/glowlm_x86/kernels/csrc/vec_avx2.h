@@ -9,6 +9,9 @@ constexpr int W = 8;
 constexpr const char* kIsa = "avx2";
 // GEMV register tile: kGemvMR token rows x 4 weight rows of accumulators (16 ymm total).
 constexpr int kGemvMR = 2;
+// GEMM register tile (gemm.cpp): kGemmNR weight rows x 2 vectors of token rows, i.e.
+// 12 accumulators + 2 activation vectors + 1 broadcast of the 16 registers.
+constexpr int kGemmNR = 6;
 
 struct VecF {
   __m256 v;
@@ -16,6 +19,7 @@ struct VecF {
 
 inline VecF zero() { return {_mm256_setzero_ps()}; }
 inline VecF set1(float x) { return {_mm256_set1_ps(x)}; }
+inline VecF broadcast(const float* p) { return {_mm256_broadcast_ss(p)}; }
 inline VecF load(const float* p) { return {_mm256_loadu_ps(p)}; }
 inline VecF load(const c10::BFloat16* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

@@ -9,6 +9,10 @@ constexpr int W = 16;
 constexpr const char* kIsa = "avx512";
 // GEMV register tile: kGemvMR token rows x 4 weight rows (32 zmm registers available).
 constexpr int kGemvMR = 4;
+// GEMM register tile (gemm.cpp): kGemmNR weight rows x 2 vectors of token rows, i.e.
+// 16 accumulators + 2 activation vectors + 1 broadcast of the 32 registers (12 rows
+// would fill more zmm registers but ran out of general registers for the row addresses).
+constexpr int kGemmNR = 8;
 
 struct VecF {
   __m512 v;
@@ -16,6 +20,7 @@ struct VecF {
 
 inline VecF zero() { return {_mm512_setzero_ps()}; }
 inline VecF set1(float x) { return {_mm512_set1_ps(x)}; }
+inline VecF broadcast(const float* p) { return {_mm512_set1_ps(*p)}; }
 inline VecF load(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline VecF load(const c10::BFloat16* p) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
