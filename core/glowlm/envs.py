@@ -22,6 +22,8 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_CPU_NUM_OF_RESERVED_CPU": ("", "CPUs left free for the serving front-end"),
     "GLOWLM_ZENTORCH_WEIGHT_PREPACK": ("1", "Zen: prepack linear weights for ZenDNN at load"),
     "GLOWLM_NO_PRELOAD": ("0", "1: never re-exec with LD_PRELOAD (tcmalloc / Intel OpenMP)"),
+    "GLOWLM_NO_HUGE_PAGES": ("0", "1: keep weights in ordinary 4 KiB pages (no "
+                                  "MADV_HUGEPAGE copy after loading)"),
     "GLOWLM_PRELOAD_APPLIED": ("", "internal: the LD_PRELOAD glowlm set when it re-executed "
                                    "itself (loop guard); do not set"),
     "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
@@ -40,6 +42,7 @@ class Env:
     num_reserved_cpus: int | None
     zentorch_weight_prepack: bool
     no_preload: bool
+    no_huge_pages: bool
     preload_applied: str
     kernel_cache: str
     disable_kernels: bool
@@ -98,6 +101,7 @@ def parse(environ: Mapping[str, str]) -> Env:
             "GLOWLM_ZENTORCH_WEIGHT_PREPACK", raw("GLOWLM_ZENTORCH_WEIGHT_PREPACK")
         ),
         no_preload=_bool("GLOWLM_NO_PRELOAD", raw("GLOWLM_NO_PRELOAD")),
+        no_huge_pages=_bool("GLOWLM_NO_HUGE_PAGES", raw("GLOWLM_NO_HUGE_PAGES")),
         preload_applied=raw("GLOWLM_PRELOAD_APPLIED").strip(),
         kernel_cache=os.path.expanduser(raw("GLOWLM_KERNEL_CACHE")),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),

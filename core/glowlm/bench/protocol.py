@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from glowlm.engine.llm_engine import LLMEngine
+from glowlm.runtime import hugepages
 from glowlm.sampling.params import SamplingParams
 
 
@@ -129,9 +130,18 @@ def measure_throughput(engine: LLMEngine, input_len: int, output_len: int, num_p
                             num_prompts / elapsed)
 
 
-def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 5) -> float:
-    """Memory read bandwidth with all threads: best of ``repeats`` sums over a large array."""
-    x = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
+def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 5, huge_pages: bool = False) -> float:
+    """Memory read bandwidth with all threads: best of ``repeats`` sums over a large array.
+
+    ``huge_pages`` reads an array in 2 MiB pages (where THP allows advising them), as
+    the engine's weights are; 4 KiB pages read measurably slower (docs/runtime.md).
+    """
+    n = int(gib * (1 << 30)) // 4
+    if huge_pages and hugepages.available():
+        x = hugepages.huge_buffer(n * 4).view(torch.float32)
+        x.fill_(1.0)
+    else:
+        x = torch.ones(n, dtype=torch.float32)
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()

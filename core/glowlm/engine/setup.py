@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from glowlm import envs
 from glowlm.config import EngineConfig
 from glowlm.errors import ConfigError, ModelLoadError
 from glowlm.layers import quantization
@@ -21,6 +22,7 @@ from glowlm.logger import init_logger
 from glowlm.model_loader.loader import ModelDir, load_model, read_model_dir
 from glowlm.platforms import Platform, current_selection
 from glowlm.platforms.interface import dtype_name
+from glowlm.runtime import hugepages
 
 logger = init_logger(__name__)
 
@@ -39,6 +41,8 @@ class EngineSetup:
     max_model_len: int
     num_blocks: int
     vocab_size: int
+    #: Bytes of weights copied into 2 MiB pages after loading (runtime/hugepages.py).
+    huge_page_bytes: int = 0
 
 
 def kv_bytes_per_token(model: Any, dtype: torch.dtype) -> int:
@@ -96,6 +100,8 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
     plan = plan_memory(info, dtype, config, max_model_len)
     logger.info("%s", plan.describe())
     model = load_model(info, parts, config.allow_pickle, show_progress).model
+    huge = 0 if envs.get().no_huge_pages else hugepages.move_weights(model)
+    logger.info("%s", hugepages.describe(huge))
     per_block = kv_bytes_per_token(model, dtype) * config.block_size
     num_blocks = int(plan.kv_cache_bytes // per_block)
     if config.num_kv_blocks is not None:
@@ -117,4 +123,4 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
     vocab = int(getattr(info.hf_config, "vocab_size", 0) or len(tokenizer))
     config = dataclasses.replace(config, max_model_len=max_model_len)
     return EngineSetup(config, platform, selection.reason, info, parts, model, tokenizer,
-                       max_model_len, num_blocks, vocab)
+                       max_model_len, num_blocks, vocab, huge)

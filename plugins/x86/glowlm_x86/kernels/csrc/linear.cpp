@@ -1,10 +1,17 @@
 // Weight-streaming GEMV for decode (a few token rows); larger M runs gemm.cpp.
 //
 // Decode is bound by memory bandwidth: every weight byte must be read once per
-// step and no more. `gemv` walks the weight in tiles of 4 output rows, converts
-// bf16/fp16 to fp32 in registers, and multiplies each tile with every token row
-// while the tile is still in L1/L2 (fp32 accumulate). Output rows are split
-// across threads, so each thread streams its own slice of the weight.
+// step and no more. `gemv` converts bf16/fp16 to fp32 in registers and multiplies
+// each weight row with every token row while it is in L1 (fp32 accumulate). Output
+// rows are split across threads in chunks of 64, so each thread streams its own
+// slice of the weight.
+//
+// How rows are walked depends on their length. Long rows (>= 4 KiB) go four at a
+// time, interleaved: four streams per thread kept the memory system busiest on the
+// llama-1b shapes. Short rows (opt-125m: 768 bf16 = 1.5 KiB) go one at a time, so a
+// chunk is one sequential stream: interleaving four 1.5 KiB streams left the hardware
+// prefetchers ramping up on every tile and ran at ~17 GB/s against ~22-23 sequential
+// (docs/performance.md).
 #include <ATen/Parallel.h>
 
 #include <optional>
@@ -19,63 +26,74 @@ namespace {
 
 using namespace glowlm::vec;
 
-constexpr int kNR = 4;  // weight rows per register tile
+constexpr int kNR = 4;                 // weight rows per register tile (long rows)
+constexpr int64_t kChunkRows = 64;     // output rows per thread work item
+constexpr int64_t kShortRowBytes = 4096;
 
-// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for MR token rows and NR weight rows.
-template <int MR, int NR, typename WT>
+// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for MR token rows and NR weight rows,
+// with U independent accumulators along k (for ILP when MR x NR is small).
+template <int MR, int NR, int U, typename WT>
 inline void gemv_tile(const float* x, int64_t K, const WT* w, const float* bias, float* y,
                       int64_t ldy) {
-  VecF acc[MR][NR];
+  VecF acc[MR][NR][U];
   GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
-    GLOWLM_UNROLL for (int n = 0; n < NR; ++n) acc[m][n] = zero();
+    GLOWLM_UNROLL for (int n = 0; n < NR; ++n) {
+      GLOWLM_UNROLL for (int u = 0; u < U; ++u) acc[m][n][u] = zero();
+    }
   }
   int64_t k = 0;
+  for (; k + U * W <= K; k += U * W) {
+    GLOWLM_UNROLL for (int u = 0; u < U; ++u) {
+      VecF wv[NR];
+      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) wv[n] = load(w + n * K + k + u * W);
+      GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
+        const VecF xv = load(x + m * K + k + u * W);
+        GLOWLM_UNROLL for (int n = 0; n < NR; ++n) acc[m][n][u] = fmadd(xv, wv[n], acc[m][n][u]);
+      }
+    }
+  }
   for (; k + W <= K; k += W) {
-    VecF wv[NR];
-    GLOWLM_UNROLL for (int n = 0; n < NR; ++n) wv[n] = load(w + n * K + k);
     GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
-      VecF xv = load(x + m * K + k);
-      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) acc[m][n] = fmadd(xv, wv[n], acc[m][n]);
+      const VecF xv = load(x + m * K + k);
+      GLOWLM_UNROLL for (int n = 0; n < NR; ++n)
+        acc[m][n][0] = fmadd(xv, load(w + n * K + k), acc[m][n][0]);
     }
   }
   for (int m = 0; m < MR; ++m) {
     for (int n = 0; n < NR; ++n) {
-      float s = reduce_add(acc[m][n]);
+      VecF t = acc[m][n][0];
+      for (int u = 1; u < U; ++u) t = add(t, acc[m][n][u]);
+      float s = reduce_add(t);
       for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * to_float(w[n * K + kk]);
       y[m * ldy + n] = bias ? s + bias[n] : s;
     }
   }
 }
 
-template <int NR, typename WT>
+// NR weight rows against all M token rows, kGemvMR at a time.
+template <int NR, int U, typename WT>
 inline void gemv_rows(const float* x, int64_t M, int64_t K, const WT* w, const float* bias,
                       float* y, int64_t N) {
   constexpr int MR = kGemvMR;
   int64_t m = 0;
-  for (; m + MR <= M; m += MR) gemv_tile<MR, NR>(x + m * K, K, w, bias, y + m * N, N);
-  for (; m < M; ++m) gemv_tile<1, NR>(x + m * K, K, w, bias, y + m * N, N);
+  for (; m + MR <= M; m += MR) gemv_tile<MR, NR, U>(x + m * K, K, w, bias, y + m * N, N);
+  for (; m < M; ++m) gemv_tile<1, NR, U == 1 ? 1 : 4>(x + m * K, K, w, bias, y + m * N, N);
 }
 
 template <typename WT>
 void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, float* y,
                int64_t N) {
-  // Chunks of 16 row tiles (64 output rows): long contiguous weight streams per
-  // chunk, and enough chunks (>= 32 on these shapes) to balance uneven threads.
-  constexpr int64_t kTilesPerChunk = 16;
-  const int64_t tiles = (N + kNR - 1) / kNR;
-  const int64_t chunks = (tiles + kTilesPerChunk - 1) / kTilesPerChunk;
+  const bool short_rows = K * static_cast<int64_t>(sizeof(WT)) < kShortRowBytes;
+  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
   parallel_chunks(chunks, [&](int64_t c) {
-    const int64_t end = std::min(tiles, (c + 1) * kTilesPerChunk);
-    for (int64_t t = c * kTilesPerChunk; t < end; ++t) {
-      const int64_t n0 = t * kNR;
-      const float* b = bias ? bias + n0 : nullptr;
-      if (n0 + kNR <= N) {
-        gemv_rows<kNR>(x, M, K, w + n0 * K, b, y + n0, N);
-      } else {
-        for (int64_t n = n0; n < N; ++n)
-          gemv_rows<1>(x, M, K, w + n * K, bias ? bias + n : nullptr, y + n, N);
-      }
+    const int64_t end = std::min(N, (c + 1) * kChunkRows);
+    int64_t n = c * kChunkRows;
+    if (!short_rows) {
+      for (; n + kNR <= end; n += kNR)
+        gemv_rows<kNR, 1>(x, M, K, w + n * K, bias ? bias + n : nullptr, y + n, N);
     }
+    for (; n < end; ++n)
+      gemv_rows<1, 2>(x, M, K, w + n * K, bias ? bias + n : nullptr, y + n, N);
   });
 }
 

@@ -1,0 +1,68 @@
+"""Weights copied into transparent huge pages after loading (runtime/hugepages.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from glowlm.bench.protocol import read_bandwidth_gbs
+from glowlm.runtime import hugepages
+from torch import nn
+
+
+@pytest.mark.parametrize("text,mode", [("always [madvise] never\n", "madvise"),
+                                       ("[always] madvise never\n", "always"),
+                                       ("always madvise [never]\n", "never"),
+                                       ("garbage\n", None)])
+def test_thp_mode_reads_the_bracketed_choice(tmp_path: Path, text: str, mode: str | None
+                                             ) -> None:
+    p = tmp_path / "enabled"
+    p.write_text(text)
+    assert hugepages.thp_mode(p) == mode
+
+
+def test_thp_mode_without_the_file(tmp_path: Path) -> None:
+    assert hugepages.thp_mode(tmp_path / "missing") is None
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1024, 512, dtype=torch.bfloat16)  # 1 MiB
+        self.head = nn.Linear(512, 1024, bias=False, dtype=torch.bfloat16)
+        self.head.weight = self.embed.weight
+        self.big = nn.Linear(1024, 1024, dtype=torch.float32)  # 4 MiB weight, 4 KiB bias
+        self.norm = nn.LayerNorm(512)
+
+
+@pytest.mark.skipif(not hugepages.available(), reason="no transparent huge pages here")
+def test_move_weights_keeps_values_and_ties() -> None:
+    torch.manual_seed(0)
+    m = _Tied().requires_grad_(False)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    bias_ptr = m.big.bias.data_ptr()
+    moved = hugepages.move_weights(m)
+    assert moved == (1 << 20) + (4 << 20)  # the two large tensors, the tied one once
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert m.head.weight is m.embed.weight
+    assert m.big.bias.data_ptr() == bias_ptr  # small tensors stay where they are
+    first = min(m.embed.weight.data_ptr(), m.big.weight.data_ptr())
+    assert first % hugepages.HUGE_PAGE == 0
+    x = torch.randn(3, 1024)
+    torch.testing.assert_close(m.big(x), x @ before["big.weight"].T + before["big.bias"])
+    assert "2 MiB pages" in hugepages.describe(moved)
+
+
+def test_describe_when_nothing_moved() -> None:
+    assert "4 KiB pages" in hugepages.describe(0)
+
+
+def test_nothing_to_move_in_a_small_model() -> None:
+    assert hugepages.move_weights(nn.Linear(4, 4)) == 0
+
+
+def test_bandwidth_in_both_page_sizes() -> None:
+    assert read_bandwidth_gbs(gib=1 / 64, repeats=1) > 0
+    assert read_bandwidth_gbs(gib=1 / 64, repeats=1, huge_pages=True) > 0
