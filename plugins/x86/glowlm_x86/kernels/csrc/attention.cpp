@@ -32,6 +32,7 @@ struct Task {
 struct Geometry {
   int64_t num_heads, num_kv_heads, group, head_size, block_size, block_stride, kv_stride,
       max_blocks;
+  float scale;  // applied to q.k here, so the query needs no scaled copy
 };
 
 template <typename C>
@@ -76,7 +77,7 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
       for (int64_t t = 0; t < nr; ++t) {
         VecF d = zero();
         for (int v = 0; v < nv; ++v) d = fmadd(load(qr + v * W), load(kf + t * hs + v * W), d);
-        s[t] = reduce_add(d);
+        s[t] = reduce_add(d) * g.scale;
         block_max = std::max(block_max, s[t]);
       }
       const float m_new = std::max(m[r], block_max);
@@ -199,7 +200,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
   TORCH_CHECK(qsl.numel() == seqs + 1 && tables.dim() == 2 && tables.size(0) >= seqs,
               "paged_attention: query_start_loc must be [seqs + 1], block_tables [seqs, *]");
   const Geometry g{heads, kv_heads, heads / kv_heads, hs, bs, kv_heads * bs * hs,
-                   kv_cache.stride(0), tables.size(1)};
+                   kv_cache.stride(0), tables.size(1), static_cast<float>(scale)};
   const int32_t* qp = qsl.data_ptr<int32_t>();
   const int32_t* lp = lens.data_ptr<int32_t>();
   std::vector<Task> tasks;
@@ -210,8 +211,9 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
     for (int64_t h = 0; h < kv_heads; ++h)
       for (int64_t j = 0; j < qlen; j += kQTile) tasks.push_back({s, h, j, std::min(qlen, j + kQTile)});
   }
-  at::Tensor qf = (query.to(at::kFloat) * scale).contiguous();
-  at::Tensor out = at::zeros(qf.sizes(), qf.options());
+  // Every output row is written by exactly one task, so `out` needs no zeroing.
+  at::Tensor qf = query.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty(qf.sizes(), qf.options());
   GLOWLM_DISPATCH_FLOAT_TYPES(kv_cache.scalar_type(), "paged_attention", [&] {
     run_tasks<scalar_t>(tasks, g, qf.data_ptr<float>(), out.data_ptr<float>(),
                         kv_cache.data_ptr<scalar_t>(), tables.data_ptr<int32_t>(), qp, lp);

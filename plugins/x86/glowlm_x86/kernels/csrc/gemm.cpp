@@ -105,8 +105,8 @@ inline void convert_block(const WT* w, int64_t ldw, int64_t rows, int64_t kc, fl
   }
 }
 
-template <typename WT>
-void gemm_impl(const float* xp, int64_t M, int64_t K, const WT* w, const float* bias, float* y,
+template <typename WT, typename OT>
+void gemm_impl(const float* xp, int64_t M, int64_t K, const WT* w, const float* bias, OT* y,
                int64_t N) {
   const int64_t panels = (M + kP - 1) / kP;
   const int64_t ldc = panels * kP;
@@ -140,9 +140,9 @@ void gemm_impl(const float* xp, int64_t M, int64_t K, const WT* w, const float* 
       }
     }
     for (int64_t m = 0; m < M; ++m) {
-      float* out = y + m * N + n0;
+      OT* out = y + m * N + n0;
       for (int64_t n = 0; n < rows; ++n)
-        out[n] = ctile[n * ldc + m] + (bias ? bias[n0 + n] : 0.0f);
+        out[n] = from_float<OT>(ctile[n * ldc + m] + (bias ? bias[n0 + n] : 0.0f));
     }
   });
 }
@@ -161,12 +161,12 @@ at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& weight_in,
   std::optional<at::Tensor> bf;
   if (bias) bf = bias->to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return y.to(x.scalar_type());
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
   if (K == 0) {
     y.zero_();
     if (bf) y.add_(*bf);
-    return y.to(x.scalar_type());
+    return y;
   }
   const int64_t panels = (M + kP - 1) / kP;
   at::Tensor xp = at::empty({panels * K * kP}, x.options().dtype(at::kFloat));
@@ -174,10 +174,13 @@ at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& weight_in,
     pack_activations(x.data_ptr<scalar_t>(), M, K, xp.data_ptr<float>());
   });
   GLOWLM_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gemm", [&] {
-    gemm_impl(xp.data_ptr<float>(), M, K, weight.data_ptr<scalar_t>(),
-              bf ? bf->data_ptr<float>() : nullptr, y.data_ptr<float>(), N);
+    using WT = scalar_t;
+    GLOWLM_DISPATCH_FLOAT_TYPES(y.scalar_type(), "gemm", [&] {
+      gemm_impl(xp.data_ptr<float>(), M, K, weight.data_ptr<WT>(),
+                bf ? bf->data_ptr<float>() : nullptr, y.data_ptr<scalar_t>(), N);
+    });
   });
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  return y;
 }
 
 }  // namespace glowlm

@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 
 #include <optional>
+#include <vector>
 
 #include "dispatch.h"
 #include "ops.h"
@@ -108,21 +109,35 @@ void check_linear_args(const at::Tensor& x, const at::Tensor& weight,
 
 }  // namespace
 
-at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight_in,
+at::Tensor gemv(const at::Tensor& x_in, const at::Tensor& weight_in,
                 const std::optional<at::Tensor>& bias) {
-  check_linear_args(x, weight_in, bias, "gemv");
-  at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor weight = weight_in.contiguous();
+  check_linear_args(x_in, weight_in, bias, "gemv");
+  // Decode calls this ~50-100 times per token on tensors of a few KiB, so the
+  // conversions of x and y run here in plain loops rather than as ATen ops (each of
+  // which costs microseconds of dispatch and allocation).
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor weight = weight_in.contiguous();
   std::optional<at::Tensor> bf;
-  if (bias) bf = bias->to(at::kFloat).contiguous();
+  if (bias) bf = bias->scalar_type() == at::kFloat ? bias->contiguous() : bias->to(at::kFloat);
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return y.to(x.scalar_type());
-  GLOWLM_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gemv", [&] {
-    gemv_impl(xf.data_ptr<float>(), M, K, weight.data_ptr<scalar_t>(),
-              bf ? bf->data_ptr<float>() : nullptr, y.data_ptr<float>(), N);
+  at::Tensor out = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out;
+  thread_local std::vector<float> xbuf, ybuf;
+  xbuf.resize(M * K);
+  ybuf.resize(M * N);
+  GLOWLM_DISPATCH_FLOAT_TYPES(x.scalar_type(), "gemv", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < M * K; ++i) xbuf[i] = to_float(xp[i]);
   });
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  GLOWLM_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gemv", [&] {
+    gemv_impl(xbuf.data(), M, K, weight.data_ptr<scalar_t>(),
+              bf ? bf->data_ptr<float>() : nullptr, ybuf.data(), N);
+  });
+  GLOWLM_DISPATCH_FLOAT_TYPES(out.scalar_type(), "gemv", [&] {
+    scalar_t* op = out.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < M * N; ++i) op[i] = from_float<scalar_t>(ybuf[i]);
+  });
+  return out;
 }
 
 }  // namespace glowlm
