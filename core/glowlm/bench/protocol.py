@@ -130,11 +130,22 @@ def measure_throughput(engine: LLMEngine, input_len: int, output_len: int, num_p
                             num_prompts / elapsed)
 
 
-def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 5, huge_pages: bool = False) -> float:
-    """Memory read bandwidth with all threads: best of ``repeats`` sums over a large array.
+@dataclass(frozen=True)
+class Bandwidth:
+    """Read bandwidth samples in GB/s: the median (the roofline's basis) and the best."""
 
-    ``huge_pages`` reads an array in 2 MiB pages (where THP allows advising them), as
-    the engine's weights are; 4 KiB pages read measurably slower (docs/runtime.md).
+    median_gbs: float
+    best_gbs: float
+
+
+def read_bandwidth(gib: float = 1.0, repeats: int = 9, huge_pages: bool = False) -> Bandwidth:
+    """Memory read bandwidth with all threads: ``repeats`` sums over a large array.
+
+    The median is the basis of the roofline because decode speed is a median too: on
+    a shared VM single reads vary by +-20 % (25-38 GB/s within one second here), and
+    the best sample would set a bar that no sustained read meets. ``huge_pages``
+    reads an array in 2 MiB pages (where THP allows advising them), as the engine's
+    weights are; 4 KiB pages read measurably slower (docs/runtime.md).
     """
     n = int(gib * (1 << 30)) // 4
     if huge_pages and hugepages.available():
@@ -142,9 +153,15 @@ def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 5, huge_pages: bool = Fa
         x.fill_(1.0)
     else:
         x = torch.ones(n, dtype=torch.float32)
-    best = float("inf")
+    x.sum()  # fault the pages in and warm up
+    samples = []
     for _ in range(repeats):
         t = time.perf_counter()
         x.sum()
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best / 1e9
+        samples.append(x.numel() * 4 / (time.perf_counter() - t) / 1e9)
+    return Bandwidth(statistics.median(samples), max(samples))
+
+
+def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 9, huge_pages: bool = False) -> float:
+    """The median of :func:`read_bandwidth`."""
+    return read_bandwidth(gib, repeats, huge_pages).median_gbs
