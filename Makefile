@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.glowlm-installed
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow lint bench bench-models bench-suite clean
+.PHONY: install demo test test-slow lint bench bench-models bench-suite peers bench-peers clean
 
 install: $(STAMP)
 
@@ -50,6 +50,38 @@ bench: bench-models
 # (DRY_RUN=1, MODEL_FILTER, DTYPE_FILTER, SERVING_JSON select what runs).
 bench-suite: bench-models
 	$(VENV)/bin/glowlm bench suite
+
+# llama.cpp as a same-run peer (docs/peers.md). llama-cpp-python is compiled from its
+# PyPI source for this CPU (a build of some 8 minutes on 2 cores, hence its own stamp
+# and its own venv). That venv is layered over $(VENV) by a .pth, so the peer sees
+# glowlm, torch and transformers (GGUF conversion) while $(VENV) itself stays untouched.
+PEERS_VENV ?= .venv-peers
+LLAMA_CPP_PYTHON ?= 0.3.36
+PEERS_SRC  := $(PEERS_VENV)/src/llama_cpp_python-$(LLAMA_CPP_PYTHON)
+PEERS_STAMP := $(PEERS_VENV)/.peers-installed
+PURELIB    := import sysconfig; print(sysconfig.get_paths()["purelib"])
+
+peers: install $(PEERS_STAMP)
+
+$(PEERS_STAMP): | $(STAMP)
+	test -x $(PEERS_VENV)/bin/python || $(PY) -m venv $(PEERS_VENV)
+	echo "import site; site.addsitedir('$$($(PY) -c '$(PURELIB)')')" \
+	  > "$$($(PEERS_VENV)/bin/python -c '$(PURELIB)')/glowlm-venv.pth"
+	mkdir -p $(PEERS_VENV)/src
+	test -f $(PEERS_SRC).tar.gz || $(PEERS_VENV)/bin/pip download --quiet --no-deps \
+	  --no-binary :all: -d $(PEERS_VENV)/src llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	tar -xzf $(PEERS_SRC).tar.gz -C $(PEERS_VENV)/src
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	  $(PEERS_VENV)/bin/pip install $(PEERS_SRC).tar.gz
+	$(PEERS_VENV)/bin/pip install --quiet sentencepiece $(PEERS_SRC)/vendor/llama.cpp/gguf-py
+	$(PEERS_VENV)/bin/python -c 'import glowlm, gguf, llama_cpp; print("llama-cpp-python", llama_cpp.__version__)'
+	touch $(PEERS_STAMP)
+
+# P1 and P2 of llama.cpp on the llama-1b shape at bf16, f16 and f32 GGUF (converted once
+# into $(BENCH_MODELS)/gguf/), each beside glowlm at the same dtype, in the same run.
+bench-peers: peers bench-models
+	$(PEERS_VENV)/bin/python tools/bench_peers.py $(BENCH_MODELS)/llama-1b-rand \
+	  --dtype bf16 f16 f32 --glowlm
 
 clean:
 	rm -rf $(VENV) build core/build plugins/*/build
