@@ -15,7 +15,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -247,6 +247,28 @@ class OpenAIServing:
             watcher.cancel()
             group.close()
         return finals
+
+
+async def with_stream_tail(chunks: AsyncIterator[str], head: dict[str, Any], usage: Any,
+                           include_usage: bool) -> AsyncIterator[str]:
+    """The end every stream shares: an engine failure as an error event, else the usage
+    chunk (when asked for; ``usage`` is filled by ``chunks`` as it goes), then ``[DONE]``.
+
+    Closing this generator (client gone) closes ``chunks`` at once, so the request
+    group's own cleanup runs now and not whenever the inner generator is collected.
+    """
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except (RequestsCancelled, EngineFailure) as exc:
+        yield stream_error(exc)
+    else:
+        if include_usage:
+            usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            yield sse({**head, "choices": [], "usage": usage.model_dump()})
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+    yield sse("[DONE]")
 
 
 def stream_error(exc: BaseException) -> str:

@@ -17,9 +17,7 @@ from starlette.responses import JSONResponse, Response
 from glowlm.engine.outputs import RequestOutput
 from glowlm.entrypoints.openai.engine_loop import (
     AsyncEngine,
-    EngineFailure,
     RequestGroup,
-    RequestsCancelled,
 )
 from glowlm.entrypoints.openai.protocol import (
     APIError,
@@ -38,7 +36,7 @@ from glowlm.entrypoints.openai.serving_base import (
     now,
     random_id,
     sse,
-    stream_error,
+    with_stream_tail,
 )
 
 #: Arguments of apply_chat_template that chat_template_kwargs may not override.
@@ -122,44 +120,41 @@ class OpenAIServingChat(OpenAIServing):
                           total_tokens=len(out.prompt_token_ids) + completion)
         return ChatCompletionResponse(**head, choices=choices, usage=usage)
 
-    async def _stream(self, head: dict[str, Any], n: int, group: RequestGroup,
-                      top: int | None, include_usage: bool) -> AsyncIterator[str]:
+    def _stream(self, head: dict[str, Any], n: int, group: RequestGroup,
+                top: int | None, include_usage: bool) -> AsyncIterator[str]:
         head = {**head, "object": "chat.completion.chunk"}
+        usage = UsageInfo()
+        return with_stream_tail(self._chunks(head, n, group, top, usage), head, usage,
+                                include_usage)
+
+    async def _chunks(self, head: dict[str, Any], n: int, group: RequestGroup,
+                      top: int | None, usage: UsageInfo) -> AsyncIterator[str]:
         sent_chars = [0] * n
         sent_tokens = [0] * n
         done: set[int] = set()
-        usage = UsageInfo()
         for i in range(n):  # the role first, as OpenAI does, before any token exists
             yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant",
                                                                   "content": ""},
                                             "logprobs": None, "finish_reason": None}]})
-        try:
-            async for out in group:
-                for o in out.outputs:
-                    i = o.index
-                    if i in done:
-                        continue
-                    start, end = sent_tokens[i], len(o.token_ids)
-                    delta = o.text[sent_chars[i]:]
-                    if not delta and end == start and o.finish_reason is None:
-                        continue
-                    sent_chars[i], sent_tokens[i] = len(o.text), end
-                    lp = None
-                    if top is not None:
-                        lp = {"content": [c.model_dump() for c in chat_logprobs(
-                            o.token_ids[start:end], (o.logprobs or [])[start:end], top)]}
-                    if o.finish_reason is not None:
-                        done.add(i)
-                    yield sse({**head, "choices": [{
-                        "index": i, "delta": {"content": delta}, "logprobs": lp,
-                        "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}]})
-                if out.finished:
-                    usage.prompt_tokens = len(out.prompt_token_ids)
-                    usage.completion_tokens = sum(len(o.token_ids) for o in out.outputs)
-        except (RequestsCancelled, EngineFailure) as exc:
-            yield stream_error(exc)
-        else:
-            if include_usage:
-                usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
-                yield sse({**head, "choices": [], "usage": usage.model_dump()})
-        yield sse("[DONE]")
+        async for out in group:
+            for o in out.outputs:
+                i = o.index
+                if i in done:
+                    continue
+                start, end = sent_tokens[i], len(o.token_ids)
+                delta = o.text[sent_chars[i]:]
+                if not delta and end == start and o.finish_reason is None:
+                    continue
+                sent_chars[i], sent_tokens[i] = len(o.text), end
+                lp = None
+                if top is not None:
+                    lp = {"content": [c.model_dump() for c in chat_logprobs(
+                        o.token_ids[start:end], (o.logprobs or [])[start:end], top)]}
+                if o.finish_reason is not None:
+                    done.add(i)
+                yield sse({**head, "choices": [{
+                    "index": i, "delta": {"content": delta}, "logprobs": lp,
+                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}]})
+            if out.finished:
+                usage.prompt_tokens = len(out.prompt_token_ids)
+                usage.completion_tokens = sum(len(o.token_ids) for o in out.outputs)

@@ -17,7 +17,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from glowlm.engine.outputs import CompletionOutput, RequestOutput
-from glowlm.entrypoints.openai.engine_loop import EngineFailure, RequestsCancelled
 from glowlm.entrypoints.openai.protocol import (
     APIError,
     CompletionChoice,
@@ -34,7 +33,7 @@ from glowlm.entrypoints.openai.serving_base import (
     now,
     random_id,
     sse,
-    stream_error,
+    with_stream_tail,
 )
 
 _PROMPT_SHAPES = ("prompt must be a string, a list of strings, a list of token ids, or a list "
@@ -156,46 +155,42 @@ class OpenAIServingCompletion(OpenAIServing):
         return CompletionResponse(id=batch.request_id, created=batch.created, model=batch.model,
                                   choices=choices, usage=usage)
 
-    async def _stream(self, batch: _Batch, group: Any, include_usage: bool
+    def _stream(self, batch: _Batch, group: Any, include_usage: bool) -> AsyncIterator[str]:
+        head = {"id": batch.request_id, "object": "text_completion", "created": batch.created,
+                "model": batch.model}
+        usage = UsageInfo()
+        return with_stream_tail(self._chunks(batch, group, head, usage), head, usage,
+                                include_usage)
+
+    async def _chunks(self, batch: _Batch, group: Any, head: dict[str, Any], usage: UsageInfo
                       ) -> AsyncIterator[str]:
         sent_chars: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
         done: set[int] = set()
-        usage = UsageInfo()
-        head = {"id": batch.request_id, "object": "text_completion", "created": batch.created,
-                "model": batch.model}
-        try:
-            async for out in group:
-                p = batch.index_of[out.request_id]
-                for o in out.outputs:
-                    index = p * batch.n + o.index
-                    if index in done:
-                        continue
-                    chars, start, end = sent_chars.get(index), sent_tokens.get(index, 0), \
-                        len(o.token_ids)
-                    delta = o.text[chars or 0:]
-                    if not delta and end == start and o.finish_reason is None:
-                        continue
-                    first = chars is None
-                    echo = first and batch.echo_texts is not None
-                    prefix = batch.echo_texts[p] if echo and batch.echo_texts else ""
-                    offset = (chars or 0) + (len(batch.echo_texts[p])
-                                             if batch.echo_texts and not first else 0)
-                    lp = self._logprobs(batch, p, out, o, start, end, offset, echo)
-                    sent_chars[index], sent_tokens[index] = len(o.text), end
-                    if o.finish_reason is not None:
-                        done.add(index)
-                    yield sse({**head, "choices": [{
-                        "index": index, "text": prefix + delta,
-                        "logprobs": lp.model_dump() if lp else None,
-                        "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}]})
-                if out.finished:
-                    usage.prompt_tokens += len(out.prompt_token_ids)
-                    usage.completion_tokens += sum(len(o.token_ids) for o in out.outputs)
-        except (RequestsCancelled, EngineFailure) as exc:
-            yield stream_error(exc)
-        else:
-            if include_usage:
-                usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
-                yield sse({**head, "choices": [], "usage": usage.model_dump()})
-        yield sse("[DONE]")
+        async for out in group:
+            p = batch.index_of[out.request_id]
+            for o in out.outputs:
+                index = p * batch.n + o.index
+                if index in done:
+                    continue
+                chars, start, end = sent_chars.get(index), sent_tokens.get(index, 0), \
+                    len(o.token_ids)
+                delta = o.text[chars or 0:]
+                if not delta and end == start and o.finish_reason is None:
+                    continue
+                first = chars is None
+                echo = first and batch.echo_texts is not None
+                prefix = batch.echo_texts[p] if echo and batch.echo_texts else ""
+                offset = (chars or 0) + (len(batch.echo_texts[p])
+                                         if batch.echo_texts and not first else 0)
+                lp = self._logprobs(batch, p, out, o, start, end, offset, echo)
+                sent_chars[index], sent_tokens[index] = len(o.text), end
+                if o.finish_reason is not None:
+                    done.add(index)
+                yield sse({**head, "choices": [{
+                    "index": index, "text": prefix + delta,
+                    "logprobs": lp.model_dump() if lp else None,
+                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}]})
+            if out.finished:
+                usage.prompt_tokens += len(out.prompt_token_ids)
+                usage.completion_tokens += sum(len(o.token_ids) for o in out.outputs)
