@@ -160,8 +160,3 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 9, huge_pages: bool = False)
         x.sum()
         samples.append(x.numel() * 4 / (time.perf_counter() - t) / 1e9)
     return Bandwidth(statistics.median(samples), max(samples))
-
-
-def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 9, huge_pages: bool = False) -> float:
-    """The median of :func:`read_bandwidth`."""
-    return read_bandwidth(gib, repeats, huge_pages).median_gbs
