@@ -5,8 +5,11 @@
 // qlen tokens attends keys 0 .. ctx - qlen + j (causal, continuing a prefix).
 // A task is (sequence, kv head, tile of up to kQTile queries); it processes the
 // whole GQA group of query heads sharing that kv head, so every K/V block is
-// read once per task. Each block is converted to fp32 once into a scratch buffer,
-// then scores, an online softmax (running max and sum, fp32) and P.V run on it.
+// read once per task. Scores, an online softmax (running max and sum, fp32) and P.V
+// run block by block. A bf16/fp16 block is read directly (converted in registers)
+// when few query rows share it, as in decode; with more rows (prefill) it is first
+// converted to fp32 once into a scratch buffer, so each element is converted once
+// rather than once per row.
 #include <ATen/Parallel.h>
 
 #include <limits>
@@ -23,6 +26,7 @@ namespace {
 using namespace glowlm::vec;
 
 constexpr int64_t kQTile = 16;
+constexpr int64_t kDirectRows = 8;  // up to this many query rows read a block unconverted
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Task {
@@ -56,17 +60,15 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
   const int64_t rows = (task.q_end - task.q_begin) * g.group;
   const int64_t max_keys = ctx - qlen + task.q_end;
   std::vector<float> acc(rows * hs, 0.0f), m(rows, kNegInf), l(rows, 0.0f);
-  std::vector<float> scores(rows * bs), kbuf(bs * hs), vbuf(bs * hs);
+  std::vector<float> scores(rows * bs);
+  std::vector<float> kbuf(rows <= kDirectRows ? 0 : bs * hs), vbuf(kbuf.size());
   auto row_q = [&](int64_t r) {  // row r = (query j, head g) -> its [hs] query vector
     const int64_t j = task.q_begin + r / g.group, h = task.kv_head * g.group + r % g.group;
     return q + ((tok0 + j) * g.num_heads + h) * hs;
   };
   const int32_t* table = tables + task.seq * g.max_blocks;
-  for (int64_t b = 0; b * bs < max_keys; ++b) {
-    const int64_t n = std::min(bs, max_keys - b * bs);
-    const C* base = cache + table[b] * g.block_stride + task.kv_head * bs * hs;
-    const float* kf = block_as_float(base, n * hs, kbuf.data());
-    const float* vf = block_as_float(base + g.kv_stride, n * hs, vbuf.data());
+  // One block of keys/values (kf, vf: fp32 scratch or the cache itself) for every row.
+  auto block = [&](int64_t b, int64_t n, const auto* kf, const auto* vf) {
     for (int64_t r = 0; r < rows; ++r) {
       const float* qr = row_q(r);
       const int64_t limit = ctx - qlen + task.q_begin + r / g.group + 1 - b * bs;  // keys seen
@@ -104,11 +106,22 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
         for (int j = 0; j < cnt; ++j) av[j] = mul(load(a + (v0 + j) * W), valpha);
         for (int64_t tt = 0; tt < nr; ++tt) {
           VecF p = set1(s[tt]);
-          const float* vr = vf + tt * hs + v0 * W;
+          const auto* vr = vf + tt * hs + v0 * W;
           for (int j = 0; j < cnt; ++j) av[j] = fmadd(p, load(vr + j * W), av[j]);
         }
         for (int j = 0; j < cnt; ++j) store(a + (v0 + j) * W, av[j]);
       }
+    }
+  };
+  const bool direct = rows <= kDirectRows;
+  for (int64_t b = 0; b * bs < max_keys; ++b) {
+    const int64_t n = std::min(bs, max_keys - b * bs);
+    const C* base = cache + table[b] * g.block_stride + task.kv_head * bs * hs;
+    if (direct) {
+      block(b, n, base, base + g.kv_stride);
+    } else {
+      block(b, n, block_as_float(base, n * hs, kbuf.data()),
+            block_as_float(base + g.kv_stride, n * hs, vbuf.data()));
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -211,14 +224,37 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
     for (int64_t h = 0; h < kv_heads; ++h)
       for (int64_t j = 0; j < qlen; j += kQTile) tasks.push_back({s, h, j, std::min(qlen, j + kQTile)});
   }
-  // Every output row is written by exactly one task, so `out` needs no zeroing.
-  at::Tensor qf = query.to(at::kFloat).contiguous();
-  at::Tensor out = at::empty(qf.sizes(), qf.options());
+  // Decode calls this once per layer per token on a few KiB, so the query and the
+  // output are converted here in plain loops rather than as ATen ops. Every output
+  // row is written by exactly one task, so the fp32 output needs no zeroing.
+  const at::Tensor qc = query.contiguous();
+  const int64_t numel = qc.numel();
+  thread_local std::vector<float> qbuf, obuf;
+  const bool fp32 = query.scalar_type() == at::kFloat;
+  at::Tensor out = at::empty(qc.sizes(), qc.options());
+  const float* qf = fp32 ? qc.data_ptr<float>() : nullptr;
+  float* of = fp32 ? out.data_ptr<float>() : nullptr;
+  if (!fp32) {
+    qbuf.resize(numel);
+    obuf.resize(numel);
+    GLOWLM_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {
+      const scalar_t* src = qc.data_ptr<scalar_t>();
+      for (int64_t i = 0; i < numel; ++i) qbuf[i] = to_float(src[i]);
+    });
+    qf = qbuf.data();
+    of = obuf.data();
+  }
   GLOWLM_DISPATCH_FLOAT_TYPES(kv_cache.scalar_type(), "paged_attention", [&] {
-    run_tasks<scalar_t>(tasks, g, qf.data_ptr<float>(), out.data_ptr<float>(),
-                        kv_cache.data_ptr<scalar_t>(), tables.data_ptr<int32_t>(), qp, lp);
+    run_tasks<scalar_t>(tasks, g, qf, of, kv_cache.data_ptr<scalar_t>(),
+                        tables.data_ptr<int32_t>(), qp, lp);
   });
-  return query.scalar_type() == at::kFloat ? out : out.to(query.scalar_type());
+  if (!fp32) {
+    GLOWLM_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {
+      scalar_t* dst = out.data_ptr<scalar_t>();
+      for (int64_t i = 0; i < numel; ++i) dst[i] = from_float<scalar_t>(obuf[i]);
+    });
+  }
+  return out;
 }
 
 }  // namespace glowlm

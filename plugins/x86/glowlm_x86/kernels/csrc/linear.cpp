@@ -11,7 +11,11 @@
 // llama-1b shapes. Short rows (opt-125m: 768 bf16 = 1.5 KiB) go one at a time, so a
 // chunk is one sequential stream: interleaving four 1.5 KiB streams left the hardware
 // prefetchers ramping up on every tile and ran at ~17 GB/s against ~22-23 sequential
-// (docs/performance.md).
+// (docs/performance.md). A short-row stream also prefetches kPrefetchBytes ahead in
+// software: the hardware prefetchers stop at every 4 KiB page boundary and the rows are
+// too short for them to ramp up again (opt-125m shapes: +12-15 % read rate, measured
+// round-robin against the same loop without it; on the long llama rows prefetching
+// ahead of the four streams made them slower, so they do not).
 #include <ATen/Parallel.h>
 
 #include <optional>
@@ -30,12 +34,14 @@ using namespace glowlm::vec;
 constexpr int kNR = 4;                 // weight rows per register tile (long rows)
 constexpr int64_t kChunkRows = 64;     // output rows per thread work item
 constexpr int64_t kShortRowBytes = 4096;
+constexpr int64_t kPrefetchBytes = 1024;
+constexpr int64_t kLine = 64;
 
-// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for MR token rows and NR weight rows,
-// with U independent accumulators along k (for ILP when MR x NR is small).
-template <int MR, int NR, int U, typename WT>
-inline void gemv_tile(const float* x, int64_t K, const WT* w, const float* bias, float* y,
-                      int64_t ldy) {
+// y[m, n] = sum_k x[m, k] * w[n, k] for MR token rows and NR weight rows, with U
+// independent accumulators along k (for ILP when MR x NR is small). PF: prefetch the
+// weight stream kPrefetchBytes ahead (single-row tiles only).
+template <int MR, int NR, int U, bool PF, typename WT>
+inline void gemv_tile(const float* x, int64_t K, const WT* w, float* y, int64_t ldy) {
   VecF acc[MR][NR][U];
   GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
     GLOWLM_UNROLL for (int n = 0; n < NR; ++n) {
@@ -44,6 +50,11 @@ inline void gemv_tile(const float* x, int64_t K, const WT* w, const float* bias,
   }
   int64_t k = 0;
   for (; k + U * W <= K; k += U * W) {
+    if constexpr (PF) {
+      const char* ahead = reinterpret_cast<const char*>(w + k) + kPrefetchBytes;
+      constexpr int64_t bytes = U * W * static_cast<int64_t>(sizeof(WT));
+      GLOWLM_UNROLL for (int64_t b = 0; b < bytes; b += kLine) prefetch(ahead + b);
+    }
     GLOWLM_UNROLL for (int u = 0; u < U; ++u) {
       VecF wv[NR];
       GLOWLM_UNROLL for (int n = 0; n < NR; ++n) wv[n] = load(w + n * K + k + u * W);
@@ -66,24 +77,29 @@ inline void gemv_tile(const float* x, int64_t K, const WT* w, const float* bias,
       for (int u = 1; u < U; ++u) t = add(t, acc[m][n][u]);
       float s = reduce_add(t);
       for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * to_float(w[n * K + kk]);
-      y[m * ldy + n] = bias ? s + bias[n] : s;
+      y[m * ldy + n] = s;
     }
   }
 }
 
-// NR weight rows against all M token rows, kGemvMR at a time.
-template <int NR, int U, typename WT>
-inline void gemv_rows(const float* x, int64_t M, int64_t K, const WT* w, const float* bias,
-                      float* y, int64_t N) {
+// NR weight rows against all M token rows, kGemvMR at a time. Only the first pass over
+// a row block prefetches; later token rows find it in L1/L2.
+template <int NR, int U, bool PF, typename WT>
+inline void gemv_rows(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N) {
   constexpr int MR = kGemvMR;
   int64_t m = 0;
-  for (; m + MR <= M; m += MR) gemv_tile<MR, NR, U>(x + m * K, K, w, bias, y + m * N, N);
-  for (; m < M; ++m) gemv_tile<1, NR, U == 1 ? 1 : 4>(x + m * K, K, w, bias, y + m * N, N);
+  for (; m + MR <= M; m += MR) {
+    if (m == 0) gemv_tile<MR, NR, U, PF>(x, K, w, y, N);
+    else gemv_tile<MR, NR, U, false>(x + m * K, K, w, y + m * N, N);
+  }
+  for (; m < M; ++m) {
+    if (m == 0) gemv_tile<1, NR, U == 1 ? 1 : 4, PF>(x, K, w, y, N);
+    else gemv_tile<1, NR, U == 1 ? 1 : 4, false>(x + m * K, K, w, y + m * N, N);
+  }
 }
 
 template <typename WT>
-void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, float* y,
-               int64_t N) {
+void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N) {
   const bool short_rows = K * static_cast<int64_t>(sizeof(WT)) < kShortRowBytes;
   const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
   parallel_chunks(chunks, [&](int64_t c) {
@@ -91,10 +107,9 @@ void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, const float* b
     int64_t n = c * kChunkRows;
     if (!short_rows) {
       for (; n + kNR <= end; n += kNR)
-        gemv_rows<kNR, 1>(x, M, K, w + n * K, bias ? bias + n : nullptr, y + n, N);
+        gemv_rows<kNR, 1, false>(x, M, K, w + n * K, y + n, N);
     }
-    for (; n < end; ++n)
-      gemv_rows<1, 2>(x, M, K, w + n * K, bias ? bias + n : nullptr, y + n, N);
+    for (; n < end; ++n) gemv_rows<1, 2, true>(x, M, K, w + n * K, y + n, N);
   });
 }
 
@@ -117,8 +132,8 @@ at::Tensor gemv(const at::Tensor& x_in, const at::Tensor& weight_in,
   // which costs microseconds of dispatch and allocation).
   const at::Tensor x = x_in.contiguous();
   const at::Tensor weight = weight_in.contiguous();
-  std::optional<at::Tensor> bf;
-  if (bias) bf = bias->scalar_type() == at::kFloat ? bias->contiguous() : bias->to(at::kFloat);
+  const std::optional<at::Tensor> b = bias ? std::optional<at::Tensor>(bias->contiguous())
+                                          : std::nullopt;
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
@@ -130,9 +145,15 @@ at::Tensor gemv(const at::Tensor& x_in, const at::Tensor& weight_in,
     for (int64_t i = 0; i < M * K; ++i) xbuf[i] = to_float(xp[i]);
   });
   GLOWLM_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gemv", [&] {
-    gemv_impl(xbuf.data(), M, K, weight.data_ptr<scalar_t>(),
-              bf ? bf->data_ptr<float>() : nullptr, ybuf.data(), N);
+    gemv_impl(xbuf.data(), M, K, weight.data_ptr<scalar_t>(), ybuf.data(), N);
   });
+  if (b) {  // bias in its own dtype (usually the model's): added here, no converted copy
+    GLOWLM_DISPATCH_FLOAT_TYPES(b->scalar_type(), "gemv", [&] {
+      const scalar_t* bp = b->data_ptr<scalar_t>();
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) ybuf[m * N + n] += to_float(bp[n]);
+    });
+  }
   GLOWLM_DISPATCH_FLOAT_TYPES(out.scalar_type(), "gemv", [&] {
     scalar_t* op = out.data_ptr<scalar_t>();
     for (int64_t i = 0; i < M * N; ++i) op[i] = from_float<scalar_t>(ybuf[i]);

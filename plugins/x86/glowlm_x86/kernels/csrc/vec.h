@@ -41,6 +41,10 @@ inline float to_float(c10::Half x) { return static_cast<float>(x); }
 template <typename T>
 inline T from_float(float x) { return static_cast<T>(x); }
 
+// Software prefetch of one cache line into L1 (a hint: never faults, so it may point
+// past the end of a buffer). Portable to every ISA the compiler targets.
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
 // Helpers built on exp, shared by every ISA.
 inline VecF sigmoid(VecF x) {
   // 1 / (1 + exp(-x)); exp saturates to inf for x << 0, giving 0.
