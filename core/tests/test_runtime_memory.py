@@ -130,3 +130,20 @@ def test_dims_for_other_namings(arch: str) -> None:
     d = memory.model_dims(hf_config(arch))
     assert (d.layers, d.hidden, d.heads) == (2, 64, 4)
     assert d.head_dim == (32 if arch == "qwen3" else 16) and d.vocab > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "opt", "gpt2"])
+def test_plan_and_engine_agree_on_kv_bytes(arch: str, tmp_path: Path) -> None:
+    """The plan sizes the cache from config.json, the engine from the built model."""
+    from glowlm.attention.backend import kv_bytes_per_token
+    from glowlm.engine.setup import build_engine_parts
+
+    gqa = {"num_key_value_heads": 2} if arch in ("llama", "qwen2") else {}
+    path = make_tiny_model(arch, tmp_path / arch, **gqa)
+    setup = build_engine_parts(EngineConfig(model=str(path), dtype="float32"),
+                               show_progress=False)
+    model = setup.model
+    engine = kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_size,
+                                torch.float32)
+    planned = memory.kv_bytes_per_token(memory.model_dims(setup.info.hf_config), torch.float32)
+    assert planned == engine > 0

@@ -20,6 +20,18 @@ from dataclasses import dataclass, field
 import torch
 
 
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_size: int,
+                       dtype: torch.dtype) -> int:
+    """Bytes of K and V that one token occupies across ``num_layers`` layers' caches.
+
+    The memory plan (before loading, from the config) and the engine (after
+    loading, from the built model) both size the KV cache with this one formula,
+    so the number of blocks the plan promises is the number the engine allocates.
+    """
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_size * elem
+
+
 @dataclass
 class AttentionMetadata:
     """Per-step batch description, built once per step, read by every layer."""

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from glowlm import envs
+from glowlm.attention.backend import kv_bytes_per_token
 from glowlm.config import EngineConfig
 from glowlm.errors import ConfigError, ModelLoadError
 from glowlm.layers import quantization
@@ -43,12 +44,6 @@ class EngineSetup:
     vocab_size: int
     #: Bytes of weights copied into 2 MiB pages after loading (runtime/hugepages.py).
     huge_page_bytes: int = 0
-
-
-def kv_bytes_per_token(model: Any, dtype: torch.dtype) -> int:
-    """K and V for one token across all layers of this rank."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * model.num_layers * model.num_kv_heads * model.head_size * elem
 
 
 def load_tokenizer(path: str) -> Any:
@@ -102,7 +97,8 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
     model = load_model(info, parts, config.allow_pickle, show_progress).model
     huge = 0 if envs.get().no_huge_pages else hugepages.move_weights(model)
     logger.info("%s", hugepages.describe(huge))
-    per_block = kv_bytes_per_token(model, dtype) * config.block_size
+    per_block = kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_size,
+                                   dtype) * config.block_size
     num_blocks = int(plan.kv_cache_bytes // per_block)
     if config.num_kv_blocks is not None:
         num_blocks = config.num_kv_blocks

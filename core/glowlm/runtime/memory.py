@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from glowlm.attention.backend import kv_bytes_per_token as attention_kv_bytes
 from glowlm.errors import MemoryPlanError
 
 GIB = 1 << 30
@@ -114,8 +115,7 @@ def weight_bytes(info: Any, dtype: torch.dtype) -> tuple[int, int, str]:
 
 def kv_bytes_per_token(dims: ModelDims, dtype: torch.dtype, tp: int = 1) -> int:
     """K and V of one token across this rank's layers (kv heads are split over TP)."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * dims.layers * max(1, dims.kv_heads // tp) * dims.head_dim * elem
+    return attention_kv_bytes(dims.layers, max(1, dims.kv_heads // tp), dims.head_dim, dtype)
 
 
 def activation_bytes(dims: ModelDims, dtype: torch.dtype, config: Any, max_model_len: int,
