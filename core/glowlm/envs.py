@@ -29,6 +29,8 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
+    "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
+                                    "a platform's fused layer op"),
     "GLOWLM_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
 }
 
@@ -46,6 +48,7 @@ class Env:
     preload_applied: str
     kernel_cache: str
     disable_kernels: bool
+    no_fused_layers: bool
     log_level: str
 
 
@@ -105,6 +108,7 @@ def parse(environ: Mapping[str, str]) -> Env:
         preload_applied=raw("GLOWLM_PRELOAD_APPLIED").strip(),
         kernel_cache=os.path.expanduser(raw("GLOWLM_KERNEL_CACHE")),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
+        no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),
         log_level=level,
     )
 

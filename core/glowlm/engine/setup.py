@@ -80,7 +80,10 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
     dtype = platform.resolve_dtype(info.dtype, config.dtype)
     config = platform.update_config(config)
     quant = quantization.resolve(info.quantization_config, platform)
-    parts = ModelParts(dtype=dtype, ops=platform.ops(),
+    ops = platform.ops()
+    if envs.get().no_fused_layers:
+        ops = dataclasses.replace(ops, ln_decoder_layer=None)
+    parts = ModelParts(dtype=dtype, ops=ops,
                        attention_backend=platform.attention_backend(), quant_config=quant,
                        unquantized=platform.unquantized_linear_method())
     max_model_len = resolve_max_model_len(config, info)

@@ -185,6 +185,8 @@ class RowParallelLinear(LinearBase):
                          bias, parts, prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel.tp_size == 1:
+            return self.method.apply(self, x, self.bias)
         # The bias is added once, after the reduction, not on every rank.
         y = self.method.apply(self, x, None)
         y = self.parallel.all_reduce(y)

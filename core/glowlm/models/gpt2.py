@@ -13,9 +13,11 @@ from glowlm.layers.activation import Activation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from glowlm.layers.fused import FUSED_ACTIVATIONS, FusedLnDecoder
 from glowlm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import LayerNorm
 from glowlm.models.base import CausalLM
+from glowlm.ops.fused import LnDecoderWeights
 
 _CONV1D = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
 
@@ -41,9 +43,22 @@ class GPT2Block(nn.Module):
         self.c_fc = ColumnParallelLinear(h, [inner], True, parts, f"{prefix}.mlp.c_fc")
         self.mlp_proj = RowParallelLinear(inner, h, True, parts, f"{prefix}.mlp.c_proj")
         self.act = Activation(config.activation_function, parts)
+        self.activation = config.activation_function
+        self.fused = FusedLnDecoder(parts, self.activation in FUSED_ACTIVATIONS,
+                                    self._fused_weights)
+
+    def _fused_weights(self) -> LnDecoderWeights:
+        return LnDecoderWeights(
+            self.ln_1.weight, self.ln_1.bias, self.c_attn.weight, self.c_attn.bias,
+            self.c_proj.weight, self.c_proj.bias, self.ln_2.weight, self.ln_2.bias,
+            self.c_fc.weight, self.c_fc.bias, self.mlp_proj.weight, self.mlp_proj.bias,
+            self.ln_2.eps, FUSED_ACTIVATIONS[self.activation])
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
+        fused = self.fused(x, kv_caches[self.attn.layer_index], metadata, self.attn.spec)
+        if fused is not None:
+            return fused
         q, k, v = self.c_attn(self.ln_1(x)).chunk(3, dim=-1)
         x = x + self.c_proj(self.attn(q, k, v, kv_caches, metadata))
         return x + self.mlp_proj(self.act(self.c_fc(self.ln_2(x))))

@@ -13,6 +13,7 @@ from glowlm.layers.activation import Activation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from glowlm.layers.fused import FUSED_ACTIVATIONS, FusedLnDecoder
 from glowlm.layers.linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
@@ -21,6 +22,7 @@ from glowlm.layers.linear import (
 )
 from glowlm.layers.norm import LayerNorm
 from glowlm.models.base import CausalLM
+from glowlm.ops.fused import LnDecoderWeights
 
 POSITION_OFFSET = 2  # OPT reserves the first two rows of its position table
 
@@ -44,9 +46,23 @@ class OPTDecoderLayer(nn.Module):
         self.fc2 = RowParallelLinear(config.ffn_dim, h, bias, parts, f"{prefix}.fc2")
         self.act = Activation(config.activation_function, parts)
         self.final_layer_norm = LayerNorm(h, 1e-5, parts)
+        self.activation = config.activation_function
+        self.fused = FusedLnDecoder(parts, self.pre_norm and self.activation in FUSED_ACTIVATIONS,
+                                    self._fused_weights)
+
+    def _fused_weights(self) -> LnDecoderWeights:
+        return LnDecoderWeights(
+            self.self_attn_layer_norm.weight, self.self_attn_layer_norm.bias,
+            self.qkv_proj.weight, self.qkv_proj.bias, self.out_proj.weight, self.out_proj.bias,
+            self.final_layer_norm.weight, self.final_layer_norm.bias, self.fc1.weight,
+            self.fc1.bias, self.fc2.weight, self.fc2.bias, self.final_layer_norm.eps,
+            FUSED_ACTIVATIONS[self.activation])
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
+        fused = self.fused(x, kv_caches[self.attn.layer_index], metadata, self.attn.spec)
+        if fused is not None:
+            return fused
         residual = x
         if self.pre_norm:
             x = self.self_attn_layer_norm(x)

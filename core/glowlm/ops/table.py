@@ -3,7 +3,8 @@
 Layers call ``ops.rms_norm(...)`` on the table their platform gave them, never a
 kernel library directly, so a plugin swaps implementations without touching
 models. Every field has the signature of the function of the same name in
-:mod:`glowlm.ops.reference`.
+:mod:`glowlm.ops.reference`, except the optional fused layer ops (see
+:mod:`glowlm.ops.fused`), which are ``None`` unless a platform provides them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class OpsTable:
     gelu_tanh: Callable = reference.gelu_tanh
     relu: Callable = reference.relu
     dense_linear: Callable = reference.dense_linear
+    #: A whole pre-LayerNorm decoder layer (OPT, GPT-2): ``glowlm.ops.fused.LnDecoderLayerFn``.
+    ln_decoder_layer: Callable | None = None
 
     def replaced(self) -> list[str]:
         """Names of ops that differ from core's reference (for start-up reports)."""

@@ -31,6 +31,7 @@ logger = init_logger("glowlm.x86.kernels")
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (
     "registration.cpp", "norm_act.cpp", "rotary.cpp", "linear.cpp", "gemm.cpp", "attention.cpp",
+    "fused_layer.cpp",
 )
 COMMON_FLAGS = ("-O3", "-fopenmp", "-DNDEBUG")
 ISA_FLAGS: dict[str, tuple[str, ...]] = {

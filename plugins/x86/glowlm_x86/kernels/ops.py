@@ -16,7 +16,7 @@ from torch import Tensor
 
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu",
-            "gelu_tanh", "gemv", "gemm", "write_kv", "paged_attention")
+            "gelu_tanh", "gemv", "gemm", "write_kv", "paged_attention", "ln_decoder_layer")
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -126,3 +126,12 @@ def _register_fakes() -> None:
     def _(query: Tensor, kv_cache: Tensor, block_tables: Tensor, query_start_loc: Tensor,
           seq_lens: Tensor, scale: float) -> Tensor:
         return query.new_empty(query.shape)
+
+    @reg("glowlm_x86::ln_decoder_layer")
+    def _(x: Tensor, ln1_w: Tensor, ln1_b: Tensor | None, qkv_w: Tensor, qkv_b: Tensor | None,
+          out_w: Tensor, out_b: Tensor | None, ln2_w: Tensor, ln2_b: Tensor | None, fc1_w: Tensor,
+          fc1_b: Tensor | None, fc2_w: Tensor, fc2_b: Tensor | None, kv_cache: Tensor,
+          block_tables: Tensor, query_start_loc: Tensor, seq_lens: Tensor,
+          slot_mapping: Tensor, num_heads: int, scale: float, eps: float, activation: str,
+          gemv_max_m: int) -> Tensor:
+        return x.new_empty(x.shape)

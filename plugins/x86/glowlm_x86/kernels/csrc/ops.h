@@ -29,5 +29,16 @@ void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& val
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, double scale);
+at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
+                            const std::optional<at::Tensor>& ln1_b, const at::Tensor& qkv_w,
+                            const std::optional<at::Tensor>& qkv_b, const at::Tensor& out_w,
+                            const std::optional<at::Tensor>& out_b, const at::Tensor& ln2_w,
+                            const std::optional<at::Tensor>& ln2_b, const at::Tensor& fc1_w,
+                            const std::optional<at::Tensor>& fc1_b, const at::Tensor& fc2_w,
+                            const std::optional<at::Tensor>& fc2_b, at::Tensor& kv_cache,
+                            const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                            const at::Tensor& seq_lens, const at::Tensor& slot_mapping,
+                            int64_t num_heads, double scale, double eps,
+                            c10::string_view activation, int64_t gemv_max_m);
 
 }  // namespace glowlm

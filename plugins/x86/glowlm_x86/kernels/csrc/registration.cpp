@@ -19,6 +19,11 @@ TORCH_LIBRARY(glowlm_x86, m) {
   m.def("write_kv(Tensor(a!) kv_cache, Tensor key, Tensor value, Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables,"
         " Tensor query_start_loc, Tensor seq_lens, float scale) -> Tensor");
+  m.def("ln_decoder_layer(Tensor x, Tensor ln1_w, Tensor? ln1_b, Tensor qkv_w, Tensor? qkv_b,"
+        " Tensor out_w, Tensor? out_b, Tensor ln2_w, Tensor? ln2_b, Tensor fc1_w, Tensor? fc1_b,"
+        " Tensor fc2_w, Tensor? fc2_b, Tensor(a!) kv_cache, Tensor block_tables,"
+        " Tensor query_start_loc, Tensor seq_lens, Tensor slot_mapping, int num_heads,"
+        " float scale, float eps, str activation, int gemv_max_m) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
@@ -32,4 +37,5 @@ TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
   m.impl("gemm", &glowlm::gemm);
   m.impl("write_kv", &glowlm::write_kv);
   m.impl("paged_attention", &glowlm::paged_attention);
+  m.impl("ln_decoder_layer", &glowlm::ln_decoder_layer);
 }

@@ -1,0 +1,53 @@
+"""Optional fused layer ops: a whole decoder layer in one platform call.
+
+At decode a layer's small steps (norms, splits, residual adds, activations) are
+cheap as kernels but expensive from Python: each GEMV streams the layer's weights
+through the caches, so the interpreter code between two GEMVs runs cold. A platform
+may therefore offer a fused op for a common layer shape. Core's reference table has
+none (``None``); a layer uses a fused op only when the platform provides one, the
+op accepts the call (it returns ``None`` for shapes or dtypes it does not cover),
+and the layer is in the configuration the op implements. Otherwise the layer runs
+its modules, which define the result: a fused op must match them (the x86 one runs
+the same kernels in the same order, so it matches bit for bit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from glowlm.attention.backend import AttentionLayerSpec, AttentionMetadata
+
+
+@dataclass(frozen=True)
+class LnDecoderWeights:
+    """A pre-LayerNorm decoder layer: biased multi-head attention, a two-matrix MLP.
+
+    That is OPT with ``do_layer_norm_before`` and GPT-2:
+    ``x1 = x + out(attn(qkv(ln1(x))))``, ``y = x1 + fc2(act(fc1(ln2(x1))))``.
+    ``qkv_weight`` is ``[3 * hidden, hidden]`` (q, k, v stacked); ``activation`` is
+    ``relu``, ``gelu`` or ``gelu_tanh``. The tensors are the layer's parameters
+    themselves, so weights moved after loading (huge pages) are seen.
+    """
+
+    ln1_weight: torch.Tensor
+    ln1_bias: torch.Tensor | None
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    out_weight: torch.Tensor
+    out_bias: torch.Tensor | None
+    ln2_weight: torch.Tensor
+    ln2_bias: torch.Tensor | None
+    fc1_weight: torch.Tensor
+    fc1_bias: torch.Tensor | None
+    fc2_weight: torch.Tensor
+    fc2_bias: torch.Tensor | None
+    eps: float
+    activation: str
+
+
+#: ``fn(x, weights, kv_cache, metadata, spec) -> output or None`` (None: not covered).
+LnDecoderLayerFn = Callable[[torch.Tensor, LnDecoderWeights, torch.Tensor, AttentionMetadata,
+                             AttentionLayerSpec], "torch.Tensor | None"]
