@@ -13,7 +13,7 @@ from glowlm.layers.activation import Activation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from glowlm.layers.fused import FUSED_ACTIVATIONS, FusedLnDecoder
+from glowlm.layers.fused import FUSED_ACTIVATIONS, FusedLayer
 from glowlm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import LayerNorm
 from glowlm.models.base import CausalLM
@@ -44,8 +44,8 @@ class GPT2Block(nn.Module):
         self.mlp_proj = RowParallelLinear(inner, h, True, parts, f"{prefix}.mlp.c_proj")
         self.act = Activation(config.activation_function, parts)
         self.activation = config.activation_function
-        self.fused = FusedLnDecoder(parts, self.activation in FUSED_ACTIVATIONS,
-                                    self._fused_weights)
+        self.fused = FusedLayer(parts.ops.ln_decoder_layer, parts,
+                                self.activation in FUSED_ACTIVATIONS, self._fused_weights)
 
     def _fused_weights(self) -> LnDecoderWeights:
         return LnDecoderWeights(
@@ -56,9 +56,11 @@ class GPT2Block(nn.Module):
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
-        fused = self.fused(x, kv_caches[self.attn.layer_index], metadata, self.attn.spec)
-        if fused is not None:
-            return fused
+        if self.fused.fn is not None:
+            out = self.fused.fn(x, self.fused.weights(), kv_caches[self.attn.layer_index],
+                                metadata, self.attn.spec)
+            if out is not None:
+                return out
         q, k, v = self.c_attn(self.ln_1(x)).chunk(3, dim=-1)
         x = x + self.c_proj(self.attn(q, k, v, kv_caches, metadata))
         return x + self.mlp_proj(self.act(self.c_fc(self.ln_2(x))))

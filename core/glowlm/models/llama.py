@@ -16,10 +16,12 @@ from glowlm.layers.activation import SiluAndMul
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from glowlm.layers.fused import FusedLayer
 from glowlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import RMSNorm
 from glowlm.layers.rotary import RotaryEmbedding, rope_settings
 from glowlm.models.base import CausalLM
+from glowlm.ops.fused import RmsDecoderWeights
 
 
 class LlamaAttention(nn.Module):
@@ -89,10 +91,27 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config, parts, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, parts)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, parts)
+        self.fused = FusedLayer(parts.ops.rms_decoder_layer, parts, True, self._fused_weights)
+
+    def _fused_weights(self) -> RmsDecoderWeights:
+        a, m = self.self_attn, self.mlp
+        return RmsDecoderWeights(
+            self.input_layernorm.weight, a.qkv_proj.weight, a.qkv_proj.bias,
+            a.q_norm.weight if a.q_norm is not None else None,
+            a.k_norm.weight if a.k_norm is not None else None,
+            a.rotary.cos_sin_cache, a.rotary.rotary_dim, a.rotary.is_neox, a.o_proj.weight,
+            a.o_proj.bias, self.post_attention_layernorm.weight, m.gate_up_proj.weight,
+            m.gate_up_proj.bias, m.down_proj.weight, m.down_proj.bias, self.input_layernorm.eps)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused.fn is not None:
+            attn = self.self_attn.attn
+            out = self.fused.fn(positions, x, residual, self.fused.weights(),
+                                kv_caches[attn.layer_index], metadata, attn.spec)
+            if out is not None:
+                return out
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:

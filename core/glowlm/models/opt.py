@@ -13,7 +13,7 @@ from glowlm.layers.activation import Activation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from glowlm.layers.fused import FUSED_ACTIVATIONS, FusedLnDecoder
+from glowlm.layers.fused import FUSED_ACTIVATIONS, FusedLayer
 from glowlm.layers.linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
@@ -47,8 +47,9 @@ class OPTDecoderLayer(nn.Module):
         self.act = Activation(config.activation_function, parts)
         self.final_layer_norm = LayerNorm(h, 1e-5, parts)
         self.activation = config.activation_function
-        self.fused = FusedLnDecoder(parts, self.pre_norm and self.activation in FUSED_ACTIVATIONS,
-                                    self._fused_weights)
+        self.fused = FusedLayer(parts.ops.ln_decoder_layer, parts,
+                                self.pre_norm and self.activation in FUSED_ACTIVATIONS,
+                                self._fused_weights)
 
     def _fused_weights(self) -> LnDecoderWeights:
         return LnDecoderWeights(
@@ -60,9 +61,11 @@ class OPTDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
-        fused = self.fused(x, kv_caches[self.attn.layer_index], metadata, self.attn.spec)
-        if fused is not None:
-            return fused
+        if self.fused.fn is not None:
+            out = self.fused.fn(x, self.fused.weights(), kv_caches[self.attn.layer_index],
+                                metadata, self.attn.spec)
+            if out is not None:
+                return out
         residual = x
         if self.pre_norm:
             x = self.self_attn_layer_norm(x)

@@ -51,3 +51,38 @@ class LnDecoderWeights:
 #: ``fn(x, weights, kv_cache, metadata, spec) -> output or None`` (None: not covered).
 LnDecoderLayerFn = Callable[[torch.Tensor, LnDecoderWeights, torch.Tensor, AttentionMetadata,
                              AttentionLayerSpec], "torch.Tensor | None"]
+
+
+@dataclass(frozen=True)
+class RmsDecoderWeights:
+    """An RMSNorm decoder layer: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norms).
+
+    ``x, residual = add_rms_norm(x, residual)``; attention with rotary positions on
+    ``qkv`` (``[(heads + 2 * kv_heads) * head_size, hidden]``); ``o``; then
+    ``x, residual = add_rms_norm(o, residual)`` and ``down(silu(gate) * up)``. The
+    layer returns ``(mlp_out, residual)`` as the module path does.
+    """
+
+    ln1_weight: torch.Tensor
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm_weight: torch.Tensor | None
+    k_norm_weight: torch.Tensor | None
+    cos_sin_cache: torch.Tensor
+    rotary_dim: int
+    is_neox: bool
+    o_weight: torch.Tensor
+    o_bias: torch.Tensor | None
+    ln2_weight: torch.Tensor
+    gate_up_weight: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor | None
+    eps: float
+
+
+#: ``fn(positions, x, residual, weights, kv_cache, metadata, spec)`` ->
+#: ``(out, residual)`` or None (not covered).
+RmsDecoderLayerFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None",
+                              RmsDecoderWeights, torch.Tensor, AttentionMetadata,
+                              AttentionLayerSpec], "tuple[torch.Tensor, torch.Tensor] | None"]

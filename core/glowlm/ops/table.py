@@ -27,6 +27,8 @@ class OpsTable:
     dense_linear: Callable = reference.dense_linear
     #: A whole pre-LayerNorm decoder layer (OPT, GPT-2): ``glowlm.ops.fused.LnDecoderLayerFn``.
     ln_decoder_layer: Callable | None = None
+    #: A whole RMSNorm decoder layer (Llama family): ``glowlm.ops.fused.RmsDecoderLayerFn``.
+    rms_decoder_layer: Callable | None = None
 
     def replaced(self) -> list[str]:
         """Names of ops that differ from core's reference (for start-up reports)."""

@@ -154,20 +154,21 @@ class X86Platform(Platform):
 
         from glowlm_x86.kernels import ops
         from glowlm_x86.kernels.attention import X86AttentionBackend
-        from glowlm_x86.kernels.fused import make_ln_decoder_layer
+        from glowlm_x86.kernels.fused import make_ln_decoder_layer, make_rms_decoder_layer
         from glowlm_x86.kernels.linear import X86LinearMethod, dense_linear
 
         # The fused layer runs the x86 GEMV/GEMM itself, so only a platform whose dense
         # linear method is that one offers it (Zen's goes to zentorch instead).
         linear = self.unquantized_linear_method()
         attention = self.attention_backend()
-        fused = (make_ln_decoder_layer(linear.policy, attention)
-                 if isinstance(linear, X86LinearMethod)
-                 and isinstance(attention, X86AttentionBackend) else None)
+        fuse = isinstance(linear, X86LinearMethod) and isinstance(attention, X86AttentionBackend)
         return OpsTable(rms_norm=ops.rms_norm, fused_add_rms_norm=ops.fused_add_rms_norm,
                         rotary_embedding=ops.rotary_embedding, silu_and_mul=ops.silu_and_mul,
                         gelu=ops.gelu, gelu_tanh=ops.gelu_tanh, dense_linear=dense_linear,
-                        ln_decoder_layer=fused)
+                        ln_decoder_layer=make_ln_decoder_layer(linear.policy, attention)
+                        if fuse else None,
+                        rms_decoder_layer=make_rms_decoder_layer(linear.policy, attention)
+                        if fuse else None)
 
     def unquantized_linear_method(self) -> LinearMethod:
         if self.kernels() is None:

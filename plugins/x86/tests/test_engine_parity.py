@@ -97,7 +97,8 @@ def test_platform_names_the_kernels_that_loaded() -> None:
     assert platform.capabilities.kernels == ()  # nothing is loaded before an engine asks
     assert platform.ops().replaced() == ["rms_norm", "fused_add_rms_norm", "rotary_embedding",
                                          "silu_and_mul", "gelu", "gelu_tanh",
-                                         "dense_linear", "ln_decoder_layer"]
+                                         "dense_linear", "ln_decoder_layer",
+                                         "rms_decoder_layer"]
     assert platform.capabilities.kernels == OP_NAMES
     assert platform.attention_backend().name == "x86"
     assert isinstance(platform.unquantized_linear_method(), X86LinearMethod)

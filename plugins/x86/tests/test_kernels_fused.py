@@ -1,4 +1,4 @@
-"""The fused pre-LayerNorm decoder layer against the layer's own modules.
+"""The fused decoder layers (pre-LayerNorm and RMSNorm) against the layers' own modules.
 
 The op runs the same kernels in the same order as the module path, so the
 engine's tokens *and* log-probabilities must be identical with and without it
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from glowlm import LLM, SamplingParams
-from glowlm.testing.tiny_models import make_tiny_model
+from glowlm.testing.tiny_models import ARCHITECTURES, make_tiny_model
 from glowlm_x86.kernels.testing import require_kernels
 
 ENGINE = dict(kv_cache_space_gib=0.05, block_size=32, show_progress=False, max_model_len=128,
@@ -41,7 +41,7 @@ def _run(model: Path, dtype: str) -> tuple[list[list[int]], list[list[float]], b
             fused)
 
 
-@pytest.mark.parametrize("arch", ["opt", "gpt2"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_layer_equals_modules(arch: str, dtype: str, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,7 +55,7 @@ def test_fused_layer_equals_modules(arch: str, dtype: str, tmp_path: Path,
     assert logprobs == logprobs_ref  # bit for bit: the same kernels in the same order
 
 
-def test_opcheck() -> None:
+def test_opcheck_ln_decoder_layer() -> None:
     g = torch.Generator().manual_seed(0)
     h, heads, ffn = 64, 4, 96
     cache = torch.randn(2, 4, heads, 32, h // heads, generator=g)
@@ -71,3 +71,24 @@ def test_opcheck() -> None:
             r(ffn, h), r(ffn), r(h, ffn), r(h), cache, tables, qsl, lens, slots, heads, 0.25,
             1e-5, "relu", 8)
     torch.library.opcheck(torch.ops.glowlm_x86.ln_decoder_layer.default, args)
+
+
+def test_opcheck_rms_decoder_layer() -> None:
+    g = torch.Generator().manual_seed(0)
+    hidden, heads, kv_heads, hs, inter = 64, 4, 2, 16, 96
+    cache = torch.randn(2, 4, kv_heads, 32, hs, generator=g)
+    tables = torch.tensor([[1, 0], [0, 0]], dtype=torch.int32)
+    qsl, lens = torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([9, 4], dtype=torch.int32)
+    slots = torch.tensor([32 + 8, 0, 1, 2, 3], dtype=torch.int64)
+    positions = torch.tensor([8, 0, 1, 2, 3])
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.1
+
+    qkv_rows = (heads + 2 * kv_heads) * hs
+    for residual, norms in ((None, (None, None)), (r(5, hidden), (1 + r(hs), 1 + r(hs)))):
+        args = (positions, r(5, hidden), residual, 1 + r(hidden), r(qkv_rows, hidden),
+                r(qkv_rows), *norms, r(64, hs), hs, True, r(hidden, heads * hs), None,
+                1 + r(hidden), r(2 * inter, hidden), None, r(hidden, inter), None, cache,
+                tables, qsl, lens, slots, heads, kv_heads, hs, 0.25, 1e-5, 8)
+        torch.library.opcheck(torch.ops.glowlm_x86.rms_decoder_layer.default, args)

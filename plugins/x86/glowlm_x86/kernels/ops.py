@@ -16,7 +16,8 @@ from torch import Tensor
 
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu",
-            "gelu_tanh", "gemv", "gemm", "write_kv", "paged_attention", "ln_decoder_layer")
+            "gelu_tanh", "gemv", "gemm", "write_kv", "paged_attention", "ln_decoder_layer",
+            "rms_decoder_layer")
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -135,3 +136,14 @@ def _register_fakes() -> None:
           slot_mapping: Tensor, num_heads: int, scale: float, eps: float, activation: str,
           gemv_max_m: int) -> Tensor:
         return x.new_empty(x.shape)
+
+    @reg("glowlm_x86::rms_decoder_layer")
+    def _(positions: Tensor, x: Tensor, residual: Tensor | None, ln1_w: Tensor, qkv_w: Tensor,
+          qkv_b: Tensor | None, q_norm_w: Tensor | None, k_norm_w: Tensor | None,
+          cos_sin_cache: Tensor, rotary_dim: int, is_neox: bool, o_w: Tensor,
+          o_b: Tensor | None, ln2_w: Tensor, gate_up_w: Tensor, gate_up_b: Tensor | None,
+          down_w: Tensor, down_b: Tensor | None, kv_cache: Tensor, block_tables: Tensor,
+          query_start_loc: Tensor, seq_lens: Tensor, slot_mapping: Tensor, num_heads: int,
+          num_kv_heads: int, head_size: int, scale: float, eps: float, gemv_max_m: int
+          ) -> tuple[Tensor, Tensor]:
+        return x.new_empty(x.shape), x.new_empty(x.shape)

@@ -1,4 +1,5 @@
-// A whole pre-LayerNorm decoder layer (OPT, GPT-2) in one call, for decode.
+// Whole decoder layers in one call, for decode: a pre-LayerNorm layer (OPT, GPT-2)
+// and an RMSNorm layer (Llama, Mistral, Qwen2, Qwen3).
 //
 // Why: at decode the layer's small steps (norms, the q/k/v split, residual adds, the
 // activation) take microseconds each as kernels, but from Python each one costs tens:
@@ -12,10 +13,20 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "ops.h"
 
 namespace glowlm {
+namespace {
+
+// The same kernel choice as glowlm_x86.kernels.linear.dense_linear.
+at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                  int64_t gemv_max_m) {
+  return a.size(0) <= gemv_max_m ? gemv(a, w, b) : gemm(a, w, b);
+}
+
+}  // namespace
 
 at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
                             const std::optional<at::Tensor>& ln1_b, const at::Tensor& qkv_w,
@@ -37,22 +48,60 @@ at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
   TORCH_CHECK(act == "relu" || act == "gelu" || act == "gelu_tanh",
               "ln_decoder_layer: activation must be relu, gelu or gelu_tanh, got ", act);
   const int64_t hd = H / num_heads;
-  // The same kernel choice as glowlm_x86.kernels.linear.dense_linear.
-  auto linear = [&](const at::Tensor& a, const at::Tensor& w,
-                    const std::optional<at::Tensor>& b) {
-    return a.size(0) <= gemv_max_m ? gemv(a, w, b) : gemm(a, w, b);
-  };
-  at::Tensor qkv = linear(at::layer_norm(x, {H}, ln1_w, ln1_b, eps), qkv_w, qkv_b);
+  at::Tensor qkv = linear(at::layer_norm(x, {H}, ln1_w, ln1_b, eps), qkv_w, qkv_b, gemv_max_m);
   at::Tensor q = qkv.narrow(1, 0, H).view({M, num_heads, hd});
   at::Tensor k = qkv.narrow(1, H, H).view({M, num_heads, hd});
   at::Tensor v = qkv.narrow(1, 2 * H, H).view({M, num_heads, hd});
   write_kv(kv_cache, k, v, slot_mapping);
   at::Tensor attn =
       paged_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale).flatten(1);
-  at::Tensor x1 = x + linear(attn, out_w, out_b);
-  at::Tensor h = linear(at::layer_norm(x1, {H}, ln2_w, ln2_b, eps), fc1_w, fc1_b);
+  at::Tensor x1 = x + linear(attn, out_w, out_b, gemv_max_m);
+  at::Tensor h = linear(at::layer_norm(x1, {H}, ln2_w, ln2_b, eps), fc1_w, fc1_b, gemv_max_m);
   h = act == "relu" ? at::relu(h) : act == "gelu" ? glowlm::gelu(h) : glowlm::gelu_tanh(h);
-  return x1 + linear(h, fc2_w, fc2_b);
+  return x1 + linear(h, fc2_w, fc2_b, gemv_max_m);
+}
+
+// glowlm.models.llama.LlamaDecoderLayer.forward, step for step: returns the MLP output
+// and the residual stream, which the next layer (or the final norm) adds.
+std::tuple<at::Tensor, at::Tensor> rms_decoder_layer(
+    const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
+    const at::Tensor& ln1_w, const at::Tensor& qkv_w, const std::optional<at::Tensor>& qkv_b,
+    const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w,
+    const at::Tensor& cos_sin_cache, int64_t rotary_dim, bool is_neox, const at::Tensor& o_w,
+    const std::optional<at::Tensor>& o_b, const at::Tensor& ln2_w, const at::Tensor& gate_up_w,
+    const std::optional<at::Tensor>& gate_up_b, const at::Tensor& down_w,
+    const std::optional<at::Tensor>& down_b, at::Tensor& kv_cache,
+    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m) {
+  TORCH_CHECK(x.dim() == 2, "rms_decoder_layer: x must be [tokens, hidden]");
+  const int64_t M = x.size(0), qs = num_heads * head_size, kvs = num_kv_heads * head_size;
+  TORCH_CHECK(qkv_w.size(0) == qs + 2 * kvs,
+              "rms_decoder_layer: qkv weight rows must be (heads + 2 * kv_heads) * head_size");
+  TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(),
+              "rms_decoder_layer: q and k norms come together");
+  at::Tensor h, res;
+  if (residual) {
+    std::tie(h, res) = fused_add_rms_norm(x, *residual, ln1_w, eps);
+  } else {
+    res = x;
+    h = rms_norm(x, ln1_w, eps);
+  }
+  at::Tensor qkv = linear(h, qkv_w, qkv_b, gemv_max_m);
+  at::Tensor q = qkv.narrow(1, 0, qs).reshape({M, num_heads, head_size});
+  at::Tensor k = qkv.narrow(1, qs, kvs).reshape({M, num_kv_heads, head_size});
+  at::Tensor v = qkv.narrow(1, qs + kvs, kvs).view({M, num_kv_heads, head_size});
+  if (q_norm_w) {
+    q = rms_norm(q, *q_norm_w, eps);
+    k = rms_norm(k, *k_norm_w, eps);
+  }
+  std::tie(q, k) = rotary_embedding(positions, q, k, cos_sin_cache, rotary_dim, is_neox);
+  write_kv(kv_cache, k, v, slot_mapping);
+  at::Tensor attn =
+      paged_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale).flatten(1);
+  std::tie(h, res) = fused_add_rms_norm(linear(attn, o_w, o_b, gemv_max_m), res, ln2_w, eps);
+  at::Tensor up = linear(h, gate_up_w, gate_up_b, gemv_max_m);
+  return {linear(silu_and_mul(up), down_w, down_b, gemv_max_m), res};
 }
 
 }  // namespace glowlm

@@ -40,5 +40,16 @@ at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
                             const at::Tensor& seq_lens, const at::Tensor& slot_mapping,
                             int64_t num_heads, double scale, double eps,
                             c10::string_view activation, int64_t gemv_max_m);
+std::tuple<at::Tensor, at::Tensor> rms_decoder_layer(
+    const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
+    const at::Tensor& ln1_w, const at::Tensor& qkv_w, const std::optional<at::Tensor>& qkv_b,
+    const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w,
+    const at::Tensor& cos_sin_cache, int64_t rotary_dim, bool is_neox, const at::Tensor& o_w,
+    const std::optional<at::Tensor>& o_b, const at::Tensor& ln2_w, const at::Tensor& gate_up_w,
+    const std::optional<at::Tensor>& gate_up_b, const at::Tensor& down_w,
+    const std::optional<at::Tensor>& down_b, at::Tensor& kv_cache,
+    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
 
 }  // namespace glowlm

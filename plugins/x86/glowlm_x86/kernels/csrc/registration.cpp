@@ -24,6 +24,13 @@ TORCH_LIBRARY(glowlm_x86, m) {
         " Tensor fc2_w, Tensor? fc2_b, Tensor(a!) kv_cache, Tensor block_tables,"
         " Tensor query_start_loc, Tensor seq_lens, Tensor slot_mapping, int num_heads,"
         " float scale, float eps, str activation, int gemv_max_m) -> Tensor");
+  m.def("rms_decoder_layer(Tensor positions, Tensor x, Tensor? residual, Tensor ln1_w,"
+        " Tensor qkv_w, Tensor? qkv_b, Tensor? q_norm_w, Tensor? k_norm_w,"
+        " Tensor cos_sin_cache, int rotary_dim, bool is_neox, Tensor o_w, Tensor? o_b,"
+        " Tensor ln2_w, Tensor gate_up_w, Tensor? gate_up_b, Tensor down_w, Tensor? down_b,"
+        " Tensor(a!) kv_cache, Tensor block_tables, Tensor query_start_loc, Tensor seq_lens,"
+        " Tensor slot_mapping, int num_heads, int num_kv_heads, int head_size, float scale,"
+        " float eps, int gemv_max_m) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
@@ -38,4 +45,5 @@ TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
   m.impl("write_kv", &glowlm::write_kv);
   m.impl("paged_attention", &glowlm::paged_attention);
   m.impl("ln_decoder_layer", &glowlm::ln_decoder_layer);
+  m.impl("rms_decoder_layer", &glowlm::rms_decoder_layer);
 }
