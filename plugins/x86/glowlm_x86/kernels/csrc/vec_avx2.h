@@ -58,6 +58,15 @@ inline float reduce_add(VecF a) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+// Lane j of the result is reduce_add(a[j]), for the W vectors a[0..W): W dot products
+// finished at once (hadd tree) instead of W horizontal reductions.
+inline VecF transpose_sum(const VecF* a) {
+  __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0].v, a[1].v), _mm256_hadd_ps(a[2].v, a[3].v));
+  __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4].v, a[5].v), _mm256_hadd_ps(a[6].v, a[7].v));
+  return {_mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20),
+                        _mm256_permute2f128_ps(t0, t1, 0x31))};
+}
+
 inline float reduce_max(VecF a) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));

@@ -53,6 +53,12 @@ inline VecF fmadd(VecF a, VecF b, VecF c) { return {_mm512_fmadd_ps(a.v, b.v, c.
 
 inline float reduce_add(VecF a) { return _mm512_reduce_add_ps(a.v); }
 inline float reduce_max(VecF a) { return _mm512_reduce_max_ps(a.v); }
+// Lane j of the result is reduce_add(a[j]), for the W vectors a[0..W).
+inline VecF transpose_sum(const VecF* a) {
+  alignas(64) float out[16];
+  for (int j = 0; j < 16; ++j) out[j] = reduce_add(a[j]);
+  return {_mm512_load_ps(out)};
+}
 
 // Same algorithm and coefficients as the AVX2 exp (see vec_avx2.h).
 inline VecF exp(VecF x) {
