@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -61,16 +62,24 @@ def _one_latency_run(engine: LLMEngine, prompt: list[int], output_len: int, tag:
 
 
 def measure_latency(engine: LLMEngine, input_len: int, output_len: int, batch_size: int = 1,
-                    iters: int = 3, warmup: int = 1) -> LatencyResult:
+                    iters: int = 3, warmup: int = 1,
+                    between: Callable[[], object] | None = None) -> LatencyResult:
+    """P1. ``between`` runs before every measured run and after the last one (the
+    roofline samples the read bandwidth there, so each run is held against the
+    bandwidth of its own minute)."""
     prompts = random_prompts(batch_size, input_len, engine.vocab_size, seed=0)
     runs = []
     for i in range(warmup + iters):
+        if between is not None and i >= warmup:
+            between()
         if batch_size == 1:
             run = _one_latency_run(engine, prompts[0], output_len, f"p1-{i}")
         else:
             run = _batched_latency_run(engine, prompts, output_len, f"p1-{i}")
         if i >= warmup:
             runs.append(run)
+    if between is not None:
+        between()
     return LatencyResult(
         ttft_ms=statistics.median(r["ttft_ms"] for r in runs),
         decode_tokens_per_s=statistics.median(r["decode_tokens_per_s"] for r in runs),
