@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"case": args.kind, **_context(engine),
                               "input_len": args.input_len, "output_len": args.output_len}
     samples: list[protocol.Bandwidth] = []
+    huge = False
     if args.kind == "roofline":
         # The faster page size is the basis (weights in huge pages are held against what
         # huge pages give); then the bandwidth is sampled around every P1 run, because
