@@ -94,11 +94,20 @@ void pack_activations(const XT* x, int64_t M, int64_t K, float* xp) {
 }
 
 // fp32 copy of weight rows [0, rows), columns [0, kc) (row stride ldw) into out[rows][kc].
+// Each row's next K block (next_kc columns) is prefetched on the way: the hardware
+// prefetchers do not follow 48 short row segments, and without this the next block's
+// conversion waited on DRAM (measured round-robin in one process, llama-1b shapes,
+// bf16, 2 threads: M = 32 111 -> 129 GFLOP/s, M = 128 144 -> 156).
 template <typename WT>
-inline void convert_block(const WT* w, int64_t ldw, int64_t rows, int64_t kc, float* out) {
+inline void convert_block(const WT* w, int64_t ldw, int64_t rows, int64_t kc, float* out,
+                          int64_t next_kc) {
+  constexpr int64_t kLine = 64;
   for (int64_t r = 0; r < rows; ++r) {
     const WT* src = w + r * ldw;
     float* dst = out + r * kc;
+    const char* next = reinterpret_cast<const char*>(src + kc);
+    for (int64_t b = 0; b < next_kc * static_cast<int64_t>(sizeof(WT)); b += kLine)
+      prefetch(next + b);
     int64_t k = 0;
     for (; k + W <= kc; k += W) store(dst + k, load(src + k));
     for (; k < kc; ++k) dst[k] = to_float(src[k]);
@@ -125,7 +134,7 @@ void gemm_impl(const float* xp, int64_t M, int64_t K, const WT* w, const float* 
         ldw = K;
       } else {
         wbuf.resize(kNB * kKC);
-        convert_block(w + n0 * K + k0, K, rows, kc, wbuf.data());
+        convert_block(w + n0 * K + k0, K, rows, kc, wbuf.data(), std::min(kKC, K - k0 - kc));
         wf = wbuf.data();
         ldw = kc;
       }
