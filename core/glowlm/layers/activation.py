@@ -18,15 +18,18 @@ class SiluAndMul(nn.Module):
         return self.fn(x)
 
 
+#: ``config.activation_function`` -> the ops-table entry (and fused-layer name) for it.
+ACTIVATION_OPS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "relu": "relu"}
+
+
 class Activation(nn.Module):
     def __init__(self, name: str, parts: ModelParts) -> None:
         super().__init__()
-        table = {"gelu": parts.ops.gelu, "gelu_new": parts.ops.gelu_tanh,
-                 "gelu_pytorch_tanh": parts.ops.gelu_tanh, "relu": parts.ops.relu}
-        if name not in table:
+        if name not in ACTIVATION_OPS:
             raise ModelLoadError(f"activation {name!r} is not supported "
-                                 f"(supported: {', '.join(table)})")
-        self.fn = table[name]
+                                 f"(supported: {', '.join(ACTIVATION_OPS)})")
+        self.fn = getattr(parts.ops, ACTIVATION_OPS[name])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fn(x)

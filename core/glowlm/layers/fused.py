@@ -7,11 +7,6 @@ from typing import Any, Generic, TypeVar
 
 from glowlm.layers.context import ModelParts
 
-#: ``config.activation_function`` -> the fused layer op's name for that activation
-#: (the same functions :class:`glowlm.layers.activation.Activation` picks).
-FUSED_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
-                     "gelu_pytorch_tanh": "gelu_tanh"}
-
 W = TypeVar("W")
 
 

@@ -9,11 +9,11 @@ from torch import nn
 
 from glowlm.attention.backend import AttentionMetadata
 from glowlm.errors import ModelLoadError
-from glowlm.layers.activation import Activation
+from glowlm.layers.activation import ACTIVATION_OPS, Activation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from glowlm.layers.fused import FUSED_ACTIVATIONS, FusedLayer
+from glowlm.layers.fused import FusedLayer
 from glowlm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import LayerNorm
 from glowlm.models.base import CausalLM
@@ -45,14 +45,14 @@ class GPT2Block(nn.Module):
         self.act = Activation(config.activation_function, parts)
         self.activation = config.activation_function
         self.fused = FusedLayer(parts.ops.ln_decoder_layer, parts,
-                                self.activation in FUSED_ACTIVATIONS, self._fused_weights)
+                                self.activation in ACTIVATION_OPS, self._fused_weights)
 
     def _fused_weights(self) -> LnDecoderWeights:
         return LnDecoderWeights(
             self.ln_1.weight, self.ln_1.bias, self.c_attn.weight, self.c_attn.bias,
             self.c_proj.weight, self.c_proj.bias, self.ln_2.weight, self.ln_2.bias,
             self.c_fc.weight, self.c_fc.bias, self.mlp_proj.weight, self.mlp_proj.bias,
-            self.ln_2.eps, FUSED_ACTIVATIONS[self.activation])
+            self.ln_2.eps, ACTIVATION_OPS[self.activation])
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:

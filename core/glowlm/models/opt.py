@@ -9,11 +9,11 @@ from torch import nn
 
 from glowlm.attention.backend import AttentionMetadata
 from glowlm.errors import ModelLoadError
-from glowlm.layers.activation import Activation
+from glowlm.layers.activation import ACTIVATION_OPS, Activation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from glowlm.layers.fused import FUSED_ACTIVATIONS, FusedLayer
+from glowlm.layers.fused import FusedLayer
 from glowlm.layers.linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
@@ -48,7 +48,7 @@ class OPTDecoderLayer(nn.Module):
         self.final_layer_norm = LayerNorm(h, 1e-5, parts)
         self.activation = config.activation_function
         self.fused = FusedLayer(parts.ops.ln_decoder_layer, parts,
-                                self.pre_norm and self.activation in FUSED_ACTIVATIONS,
+                                self.pre_norm and self.activation in ACTIVATION_OPS,
                                 self._fused_weights)
 
     def _fused_weights(self) -> LnDecoderWeights:
@@ -57,7 +57,7 @@ class OPTDecoderLayer(nn.Module):
             self.qkv_proj.weight, self.qkv_proj.bias, self.out_proj.weight, self.out_proj.bias,
             self.final_layer_norm.weight, self.final_layer_norm.bias, self.fc1.weight,
             self.fc1.bias, self.fc2.weight, self.fc2.bias, self.final_layer_norm.eps,
-            FUSED_ACTIVATIONS[self.activation])
+            ACTIVATION_OPS[self.activation])
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
