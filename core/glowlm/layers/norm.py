@@ -1,4 +1,4 @@
-"""Normalisation layers; RMSNorm goes through the platform's ops."""
+"""Normalisation layers; both go through the platform's ops."""
 
 from __future__ import annotations
 
@@ -25,9 +25,16 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.LayerNorm):
-    """torch's LayerNorm with uninitialised-by-default dtype handling for loading."""
+    """torch's LayerNorm parameters; the norm itself is the platform's ``layer_norm`` op.
+
+    A fused decoder layer calls the same kernel, so its results equal the module path's.
+    """
 
     def __init__(self, hidden_size: int, eps: float, parts: ModelParts) -> None:
         super().__init__(hidden_size, eps=eps, dtype=parts.dtype)
+        self.ops = parts.ops
         self.weight.requires_grad_(False)
         self.bias.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.layer_norm(x, self.weight, self.bias, self.eps)

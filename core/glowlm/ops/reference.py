@@ -71,6 +71,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               eps: float) -> torch.Tensor:
+    """LayerNorm over the last dim (torch's: math in float32, result in x's dtype)."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
 def gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x)
 

@@ -19,6 +19,7 @@ from glowlm.ops import reference
 class OpsTable:
     rms_norm: Callable = reference.rms_norm
     fused_add_rms_norm: Callable = reference.fused_add_rms_norm
+    layer_norm: Callable = reference.layer_norm
     rotary_embedding: Callable = reference.rotary_embedding
     silu_and_mul: Callable = reference.silu_and_mul
     gelu: Callable = reference.gelu

@@ -163,8 +163,9 @@ class X86Platform(Platform):
         attention = self.attention_backend()
         fuse = isinstance(linear, X86LinearMethod) and isinstance(attention, X86AttentionBackend)
         return OpsTable(rms_norm=ops.rms_norm, fused_add_rms_norm=ops.fused_add_rms_norm,
-                        rotary_embedding=ops.rotary_embedding, silu_and_mul=ops.silu_and_mul,
-                        gelu=ops.gelu, gelu_tanh=ops.gelu_tanh, dense_linear=dense_linear,
+                        layer_norm=ops.layer_norm, rotary_embedding=ops.rotary_embedding,
+                        silu_and_mul=ops.silu_and_mul, gelu=ops.gelu, gelu_tanh=ops.gelu_tanh,
+                        relu=ops.relu, dense_linear=dense_linear,
                         ln_decoder_layer=make_ln_decoder_layer(linear.policy, attention)
                         if fuse else None,
                         rms_decoder_layer=make_rms_decoder_layer(linear.policy, attention)

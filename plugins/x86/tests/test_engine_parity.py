@@ -95,9 +95,9 @@ def test_platform_names_the_kernels_that_loaded() -> None:
     require_kernels()
     platform = _live_x86()
     assert platform.capabilities.kernels == ()  # nothing is loaded before an engine asks
-    assert platform.ops().replaced() == ["rms_norm", "fused_add_rms_norm", "rotary_embedding",
-                                         "silu_and_mul", "gelu", "gelu_tanh",
-                                         "dense_linear", "ln_decoder_layer",
+    assert platform.ops().replaced() == ["rms_norm", "fused_add_rms_norm", "layer_norm",
+                                         "rotary_embedding", "silu_and_mul", "gelu",
+                                         "gelu_tanh", "relu", "dense_linear", "ln_decoder_layer",
                                          "rms_decoder_layer"]
     assert platform.capabilities.kernels == OP_NAMES
     assert platform.attention_backend().name == "x86"

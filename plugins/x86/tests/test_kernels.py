@@ -57,6 +57,40 @@ def test_rms_norm_reads_non_contiguous_input() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64), (7, 2048), (3, 5, 100), (2, 13), (1, 768)])
+@pytest.mark.parametrize("weight_fp32", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm(dtype: torch.dtype, shape: tuple[int, ...], weight_fp32: bool,
+                    bias: bool) -> None:
+    # Offset inputs: a two-pass variance stays accurate where E[x^2] - mean^2 would not.
+    x = _randn(*shape, dtype=dtype) * 3 + 20
+    wdt = torch.float32 if weight_fp32 else dtype
+    w = _randn(shape[-1], dtype=wdt, seed=1)
+    b = _randn(shape[-1], dtype=wdt, seed=2) if bias else None
+    # torch's LayerNorm also computes in fp32 and rounds once: the two differ by the sum
+    # order (fp32) or one output ulp (bf16/fp16).
+    torch.testing.assert_close(ops.layer_norm(x, w, b, 1e-5),
+                               reference.layer_norm(x, w, b, 1e-5).to(dtype), **TOL[dtype])
+
+
+def test_layer_norm_equals_add_then_norm_in_the_fused_layer_order() -> None:
+    # The decode layer adds the residual and normalises in one C++ call; the module path
+    # adds with torch then calls this op. Both must see the same rounded sum.
+    x, res = _randn(4, 768, dtype=torch.bfloat16), _randn(4, 768, dtype=torch.bfloat16, seed=5)
+    w, b = _randn(768, dtype=torch.bfloat16, seed=1), _randn(768, dtype=torch.bfloat16, seed=2)
+    torch.testing.assert_close(ops.layer_norm(x + res, w, b, 1e-5),
+                               ops.layer_norm((x.float() + res.float()).to(torch.bfloat16), w,
+                                              b, 1e-5), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu(dtype: torch.dtype) -> None:
+    x = _randn(3, 1000, dtype=dtype)
+    x[0, :3] = torch.tensor([float("nan"), -0.0, float("-inf")])
+    torch.testing.assert_close(ops.relu(x), reference.relu(x), atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 128), (13, 2 * 37), (4, 2 * 8192), (2, 3, 2 * 40)])
 def test_silu_and_mul(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x = _randn(*shape, dtype=dtype) * 4
@@ -119,6 +153,9 @@ def test_opcheck(dtype: torch.dtype) -> None:
     cases = [
         (torch.ops.glowlm_x86.rms_norm.default, (x, w, 1e-6)),
         (torch.ops.glowlm_x86.fused_add_rms_norm.default, (x, res, w, 1e-6)),
+        (torch.ops.glowlm_x86.layer_norm.default, (x, w, res[0], 1e-5)),
+        (torch.ops.glowlm_x86.layer_norm.default, (x, w, None, 1e-5)),
+        (torch.ops.glowlm_x86.relu.default, (x,)),
         (torch.ops.glowlm_x86.rotary_embedding.default,
          (positions, q, k, _cos_sin_cache(64), 64, True)),
         (torch.ops.glowlm_x86.silu_and_mul.default, (x,)),

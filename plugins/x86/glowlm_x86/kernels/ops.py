@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
-OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu",
-            "gelu_tanh", "gemv", "gemm", "write_kv", "paged_attention", "ln_decoder_layer",
-            "rms_decoder_layer")
+OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul",
+            "gelu", "gelu_tanh", "relu", "gemv", "gemm", "write_kv", "paged_attention",
+            "ln_decoder_layer", "rms_decoder_layer")
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -27,6 +27,10 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float
                        ) -> tuple[Tensor, Tensor]:
     return torch.ops.glowlm_x86.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    return torch.ops.glowlm_x86.layer_norm(x, weight, bias, eps)
 
 
 def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
@@ -45,6 +49,10 @@ def gelu(x: Tensor) -> Tensor:
 
 def gelu_tanh(x: Tensor) -> Tensor:
     return torch.ops.glowlm_x86.gelu_tanh(x)
+
+
+def relu(x: Tensor) -> Tensor:
+    return torch.ops.glowlm_x86.relu(x)
 
 
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -94,6 +102,10 @@ def _register_fakes() -> None:
     def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         return x.new_empty(x.shape), x.new_empty(x.shape)
 
+    @reg("glowlm_x86::layer_norm")
+    def _(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+        return x.new_empty(x.shape)
+
     @reg("glowlm_x86::rotary_embedding")
     def _(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
           rotary_dim: int, is_neox: bool) -> tuple[Tensor, Tensor]:
@@ -108,6 +120,10 @@ def _register_fakes() -> None:
         return x.new_empty(x.shape)
 
     @reg("glowlm_x86::gelu_tanh")
+    def _(x: Tensor) -> Tensor:
+        return x.new_empty(x.shape)
+
+    @reg("glowlm_x86::relu")
     def _(x: Tensor) -> Tensor:
         return x.new_empty(x.shape)
 

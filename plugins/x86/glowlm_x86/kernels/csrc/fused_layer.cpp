@@ -48,17 +48,24 @@ at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
   TORCH_CHECK(act == "relu" || act == "gelu" || act == "gelu_tanh",
               "ln_decoder_layer: activation must be relu, gelu or gelu_tanh, got ", act);
   const int64_t hd = H / num_heads;
-  at::Tensor qkv = linear(at::layer_norm(x, {H}, ln1_w, ln1_b, eps), qkv_w, qkv_b, gemv_max_m);
-  at::Tensor q = qkv.narrow(1, 0, H).view({M, num_heads, hd});
-  at::Tensor k = qkv.narrow(1, H, H).view({M, num_heads, hd});
-  at::Tensor v = qkv.narrow(1, 2 * H, H).view({M, num_heads, hd});
+  // Only glowlm kernels and views below: each ATen op costs microseconds here, where
+  // the streamed weights have just evicted the dispatcher's code and data.
+  at::Tensor qkv = linear(glowlm::layer_norm(x, ln1_w, ln1_b, eps), qkv_w, qkv_b, gemv_max_m);
+  const auto part = [&](int64_t i) {  // q, k, v: strided views of qkv's rows, no copy
+    return at::from_blob(static_cast<char*>(qkv.data_ptr()) + i * H * qkv.element_size(),
+                         {M, num_heads, hd}, {3 * H, hd, 1}, qkv.options());
+  };
+  const at::Tensor q = part(0), k = part(1), v = part(2);
   write_kv(kv_cache, k, v, slot_mapping);
-  at::Tensor attn =
-      paged_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale).flatten(1);
-  at::Tensor x1 = x + linear(attn, out_w, out_b, gemv_max_m);
-  at::Tensor h = linear(at::layer_norm(x1, {H}, ln2_w, ln2_b, eps), fc1_w, fc1_b, gemv_max_m);
-  h = act == "relu" ? at::relu(h) : act == "gelu" ? glowlm::gelu(h) : glowlm::gelu_tanh(h);
-  return x1 + linear(h, fc2_w, fc2_b, gemv_max_m);
+  at::Tensor attn = paged_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale);
+  at::Tensor o = linear(attn.view({M, H}), out_w, out_b, gemv_max_m);
+  // x1 = x + o, rounded to the dtype as the unfused residual add stores it
+  auto [h, x1] = glowlm::add_layer_norm(o, x, ln2_w, ln2_b, eps);
+  h = linear(h, fc1_w, fc1_b, gemv_max_m);
+  h = act == "relu"   ? glowlm::relu(h)
+      : act == "gelu" ? glowlm::gelu(h)
+                      : glowlm::gelu_tanh(h);
+  return glowlm::residual_add(x1, linear(h, fc2_w, fc2_b, gemv_max_m));
 }
 
 // glowlm.models.llama.LlamaDecoderLayer.forward, step for step: returns the MLP output

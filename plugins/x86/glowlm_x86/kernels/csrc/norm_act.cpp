@@ -1,4 +1,4 @@
-// RMSNorm, fused residual-add + RMSNorm, and the gated / plain activations.
+// RMSNorm, LayerNorm, their fused residual-add forms, and the activations.
 //
 // One row (token) per task, rows split across threads with at::parallel_for.
 // Math is fp32; results are rounded to the activation dtype at the same points
@@ -81,6 +81,58 @@ void fused_add_rms_norm_impl(const T* x, const T* res, const WT* w, T* out, T* r
   });
 }
 
+// LayerNorm of one row: two passes (mean, then the variance about it, as torch computes
+// it, rather than E[x^2] - mean^2, which cancels for large means), math in fp32 and one
+// rounding of the result. The weight and bias may be x's dtype or fp32; b may be null.
+template <typename T, typename WT>
+void layer_norm_row(const T* x, const WT* w, const WT* b, T* out, int64_t n, float eps) {
+  VecF acc = zero();
+  int64_t i = 0;
+  for (; i + W <= n; i += W) acc = add(acc, load(x + i));
+  float sum = reduce_add(acc);
+  for (; i < n; ++i) sum += to_float(x[i]);
+  const float mean = sum / static_cast<float>(n);
+  const VecF vmean = set1(mean);
+  acc = zero();
+  for (i = 0; i + W <= n; i += W) {
+    VecF d = sub(load(x + i), vmean);
+    acc = fmadd(d, d, acc);
+  }
+  float var = reduce_add(acc);
+  for (; i < n; ++i) var += (to_float(x[i]) - mean) * (to_float(x[i]) - mean);
+  const float rstd = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
+  const VecF vrstd = set1(rstd);
+  for (i = 0; i + W <= n; i += W) {
+    VecF y = mul(mul(sub(load(x + i), vmean), vrstd), load(w + i));
+    store(out + i, b ? add(y, load(b + i)) : y);
+  }
+  for (; i < n; ++i) {
+    float y = (to_float(x[i]) - mean) * rstd * to_float(w[i]);
+    out[i] = from_float<T>(b ? y + to_float(b[i]) : y);
+  }
+}
+
+// sum = round(x + r) (what the unfused model's residual add stores), then LayerNorm of
+// the rounded sum. res_out may alias nothing else; out receives the norm.
+template <typename T, typename WT>
+void layer_norm_impl(const T* x, const T* res, const WT* w, const WT* b, T* out, T* res_out,
+                     int64_t rows, int64_t n, float eps) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * n;
+      if (res) {
+        const T* rr = res + r * n;
+        T* ro = res_out + r * n;
+        int64_t i = 0;
+        for (; i + W <= n; i += W) store(ro + i, add(load(xr + i), load(rr + i)));
+        for (; i < n; ++i) ro[i] = from_float<T>(to_float(xr[i]) + to_float(rr[i]));
+        xr = ro;
+      }
+      layer_norm_row(xr, w, b, out + r * n, n, eps);
+    }
+  });
+}
+
 void check_norm_args(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1),
               "rms_norm: weight must be [hidden] matching x's last dim, got ",
@@ -138,6 +190,73 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x_in,
     }
   });
   return {out, res_out};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> layer_norm_common(const at::Tensor& x_in,
+                                                     const at::Tensor* residual_in,
+                                                     const at::Tensor& weight_in,
+                                                     const std::optional<at::Tensor>& bias_in,
+                                                     double eps) {
+  check_norm_args(x_in, weight_in);
+  TORCH_CHECK(!bias_in || (bias_in->sizes() == weight_in.sizes() &&
+                           bias_in->scalar_type() == weight_in.scalar_type()),
+              "layer_norm: bias must match the weight in shape and dtype");
+  TORCH_CHECK(!residual_in || (x_in.sizes() == residual_in->sizes() &&
+                               x_in.scalar_type() == residual_in->scalar_type()),
+              "add_layer_norm: x and residual must match in shape and dtype");
+  at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
+  at::Tensor res = residual_in ? residual_in->contiguous() : at::Tensor();
+  at::Tensor bias = bias_in ? bias_in->contiguous() : at::Tensor();
+  at::Tensor out = at::empty_like(x);
+  at::Tensor res_out = residual_in ? at::empty_like(x) : at::Tensor();
+  const int64_t n = x.size(-1), rows = n ? x.numel() / n : 0;
+  GLOWLM_DISPATCH_FLOAT_TYPES(x.scalar_type(), "layer_norm", [&] {
+    const scalar_t* rp = residual_in ? res.data_ptr<scalar_t>() : nullptr;
+    scalar_t* rop = residual_in ? res_out.data_ptr<scalar_t>() : nullptr;
+    if (weight.scalar_type() == x.scalar_type()) {
+      layer_norm_impl(x.data_ptr<scalar_t>(), rp, weight.data_ptr<scalar_t>(),
+                      bias.defined() ? bias.data_ptr<scalar_t>() : nullptr,
+                      out.data_ptr<scalar_t>(), rop, rows, n, static_cast<float>(eps));
+    } else {
+      layer_norm_impl(x.data_ptr<scalar_t>(), rp, weight.data_ptr<float>(),
+                      bias.defined() ? bias.data_ptr<float>() : nullptr,
+                      out.data_ptr<scalar_t>(), rop, rows, n, static_cast<float>(eps));
+    }
+  });
+  return {out, res_out};
+}
+
+}  // namespace
+
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, double eps) {
+  return std::get<0>(layer_norm_common(x, nullptr, weight, bias, eps));
+}
+
+std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                  const at::Tensor& weight,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  double eps) {
+  return layer_norm_common(x, &residual, weight, bias, eps);
+}
+
+at::Tensor residual_add(const at::Tensor& x_in, const at::Tensor& y_in) {
+  TORCH_CHECK(x_in.sizes() == y_in.sizes() && x_in.scalar_type() == y_in.scalar_type(),
+              "residual_add: x and y must match in shape and dtype");
+  at::Tensor x = x_in.contiguous(), y = y_in.contiguous();
+  at::Tensor out = at::empty_like(x);
+  const int64_t n = x.numel();
+  GLOWLM_DISPATCH_FLOAT_TYPES(x.scalar_type(), "residual_add", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* yp = y.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    int64_t i = 0;  // decode-sized rows: one thread (a parallel region costs more)
+    for (; i + W <= n; i += W) store(op + i, vec::add(load(xp + i), load(yp + i)));
+    for (; i < n; ++i) op[i] = from_float<scalar_t>(to_float(xp[i]) + to_float(yp[i]));
+  });
+  return out;
 }
 
 at::Tensor silu_and_mul(const at::Tensor& x_in) {
@@ -219,6 +338,13 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
     return mul(mul(set1(0.5f), v), add(set1(1.0f), glowlm::vec::tanh(inner)));
   };
   return activation(x, "gelu_tanh", vector, scalar);
+}
+
+at::Tensor relu(const at::Tensor& x) {
+  // max(0, x) keeps NaN (the second operand wins when either is NaN), as torch does.
+  auto scalar = [](float v) { return std::isnan(v) ? v : std::max(v, 0.0f); };
+  auto vector = [](VecF v) { return glowlm::vec::max(zero(), v); };
+  return activation(x, "relu", vector, scalar);
 }
 
 }  // namespace glowlm

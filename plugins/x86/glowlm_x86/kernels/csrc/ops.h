@@ -17,9 +17,19 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& positions,
                                                     const at::Tensor& key,
                                                     const at::Tensor& cos_sin_cache,
                                                     int64_t rotary_dim, bool is_neox);
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, double eps);
+// (norm(x + residual), x + residual) with the sum rounded to x's dtype first.
+std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                  const at::Tensor& weight,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  double eps);
+// x + y rounded to their dtype, in one thread (decode-sized rows; not a registered op).
+at::Tensor residual_add(const at::Tensor& x, const at::Tensor& y);
 at::Tensor silu_and_mul(const at::Tensor& x);
 at::Tensor gelu(const at::Tensor& x);
 at::Tensor gelu_tanh(const at::Tensor& x);
+at::Tensor relu(const at::Tensor& x);
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight,
                 const std::optional<at::Tensor>& bias);
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& weight,

@@ -11,9 +11,11 @@ TORCH_LIBRARY(glowlm_x86, m) {
         " -> (Tensor, Tensor)");
   m.def("rotary_embedding(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache,"
         " int rotary_dim, bool is_neox) -> (Tensor, Tensor)");
+  m.def("layer_norm(Tensor x, Tensor weight, Tensor? bias, float eps) -> Tensor");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("gelu(Tensor x) -> Tensor");
   m.def("gelu_tanh(Tensor x) -> Tensor");
+  m.def("relu(Tensor x) -> Tensor");
   m.def("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemm(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("write_kv(Tensor(a!) kv_cache, Tensor key, Tensor value, Tensor slot_mapping) -> ()");
@@ -37,9 +39,11 @@ TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
   m.impl("rms_norm", &glowlm::rms_norm);
   m.impl("fused_add_rms_norm", &glowlm::fused_add_rms_norm);
   m.impl("rotary_embedding", &glowlm::rotary_embedding);
+  m.impl("layer_norm", &glowlm::layer_norm);
   m.impl("silu_and_mul", &glowlm::silu_and_mul);
   m.impl("gelu", &glowlm::gelu);
   m.impl("gelu_tanh", &glowlm::gelu_tanh);
+  m.impl("relu", &glowlm::relu);
   m.impl("gemv", &glowlm::gemv);
   m.impl("gemm", &glowlm::gemm);
   m.impl("write_kv", &glowlm::write_kv);
