@@ -111,10 +111,14 @@ class ModelRunner:
             top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
         if any(p.min_p > 0 for p in params):
             min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
-        seeded = torch.tensor([p.seed is not None for p in params])
-        keys = torch.tensor([noise_key(s.request.seed, s.index, s.num_output_tokens)
-                             for s in rows], dtype=torch.int64)
-        batch = SamplingBatch(temperature, top_k, top_p, min_p, seeded, keys)
+        # All greedy (the common offline case): no noise, so no per-row seeds or keys.
+        greedy = all(p.temperature == 0 for p in params)
+        seeded = keys = None
+        if not greedy:
+            seeded = torch.tensor([p.seed is not None for p in params])
+            keys = torch.tensor([noise_key(s.request.seed, s.index, s.num_output_tokens)
+                                 for s in rows], dtype=torch.int64)
+        batch = SamplingBatch(temperature, top_k, top_p, min_p, seeded, keys, greedy=greedy)
         if any(p.needs_penalties for p in params):
             batch.output_ids = _pad([s.output_token_ids for s in rows], vocab)
             if any(p.repetition_penalty != 1.0 for p in params):

@@ -74,10 +74,11 @@ class SamplingBatch:
     # Tokens that may not be sampled yet (min_tokens): [R, K] padded with vocab_size
     banned_ids: torch.Tensor | None = None
     max_logprobs: int = -1                   # -1: no row wants logprobs
+    greedy: bool | None = None               # all rows greedy, if the builder knows it
 
     @property
     def all_greedy(self) -> bool:
-        return bool((self.temperature == 0).all())
+        return self.greedy if self.greedy is not None else bool((self.temperature == 0).all())
 
 
 @dataclass

@@ -42,6 +42,12 @@ struct Geometry {
   float scale;  // applied to q.k here, so the query needs no scaled copy
 };
 
+// Prefetch [p, p + bytes) into L1, one hint per cache line.
+inline void prefetch_rows(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) prefetch(c + i);
+}
+
 template <typename C>
 const float* block_as_float(const C* src, int64_t n, float* scratch) {
   if constexpr (std::is_same_v<C, float>) {
@@ -71,7 +77,11 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
   };
   const int32_t* table = tables + task.seq * g.max_blocks;
   // One block of keys/values (kf, vf: fp32 scratch or the cache itself) for every row.
-  auto block = [&](int64_t b, int64_t n, const auto* kf, const auto* vf) {
+  // next_k: the next block's keys in the cache, or null. While the first row reads the
+  // keys it prefetches the values, and while it reads the values the next keys: the
+  // blocks are a few KiB of DRAM each, too short for the hardware prefetchers to ramp up.
+  auto block = [&](int64_t b, int64_t n, const auto* kf, const auto* vf, const C* next_k) {
+    constexpr int64_t elem = static_cast<int64_t>(sizeof(*kf));
     for (int64_t r = 0; r < rows; ++r) {
       const float* qr = row_q(r);
       const int64_t limit = ctx - qlen + task.q_begin + r / g.group + 1 - b * bs;  // keys seen
@@ -81,6 +91,7 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
       float block_max = kNegInf;
       int64_t t = 0;
       for (; t + W <= nr; t += W) {  // W keys at once: W accumulators, one transposed sum
+        if (r == 0) prefetch_rows(vf + t * hs, W * hs * elem);
         VecF d[W];
         GLOWLM_UNROLL for (int j = 0; j < W; ++j) d[j] = zero();
         for (int v = 0; v < nv; ++v) {
@@ -121,6 +132,7 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
         VecF av[8];
         for (int j = 0; j < cnt; ++j) av[j] = mul(load(a + (v0 + j) * W), valpha);
         for (int64_t tt = 0; tt < nr; ++tt) {
+          if (r == 0 && v0 == 0 && next_k) prefetch_rows(next_k + tt * hs, hs * sizeof(C));
           VecF p = set1(s[tt]);
           const auto* vr = vf + tt * hs + v0 * W;
           for (int j = 0; j < cnt; ++j) av[j] = fmadd(p, load(vr + j * W), av[j]);
@@ -133,11 +145,14 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
   for (int64_t b = 0; b * bs < max_keys; ++b) {
     const int64_t n = std::min(bs, max_keys - b * bs);
     const C* base = cache + table[b] * g.block_stride + task.kv_head * bs * hs;
+    const C* next_k = (b + 1) * bs < max_keys
+                          ? cache + table[b + 1] * g.block_stride + task.kv_head * bs * hs
+                          : nullptr;
     if (direct) {
-      block(b, n, base, base + g.kv_stride);
+      block(b, n, base, base + g.kv_stride, next_k);
     } else {
       block(b, n, block_as_float(base, n * hs, kbuf.data()),
-            block_as_float(base + g.kv_stride, n * hs, vbuf.data()));
+            block_as_float(base + g.kv_stride, n * hs, vbuf.data()), nullptr);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
