@@ -30,7 +30,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
-                                    "a platform's fused layer op"),
+                                    "a platform's fused layer or stack op"),
     "GLOWLM_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
 }
 

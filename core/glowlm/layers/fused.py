@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+import torch
+
+from glowlm.attention.backend import AttentionLayerSpec
 from glowlm.layers.context import ModelParts
 
 W = TypeVar("W")
@@ -30,3 +33,29 @@ class FusedLayer(Generic[W]):
         if self._weights is None:
             self._weights = self._make()
         return self._weights
+
+
+class FusedStack(Generic[W]):
+    """The platform's stack op over a model's layers, when every layer has its fused op.
+
+    ``fused`` holds each layer's :class:`FusedLayer` and ``attention`` each layer's
+    attention (for its cache index and spec), in layer order.
+    """
+
+    def __init__(self, fn: Callable[..., Any] | None, fused: Sequence[FusedLayer[W]],
+                 attention: Sequence[Any]) -> None:
+        self.fn = fn if fused and all(f.fn is not None for f in fused) else None
+        self._fused = list(fused)
+        self._indices = [a.layer_index for a in attention]
+        self.spec: AttentionLayerSpec | None = attention[0].spec if attention else None
+        if any(a.spec != self.spec for a in attention):
+            self.fn = None  # one call takes one spec
+        self._weights: list[W] | None = None
+
+    def weights(self) -> list[W]:
+        if self._weights is None:
+            self._weights = [f.weights() for f in self._fused]
+        return self._weights
+
+    def caches(self, kv_caches: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [kv_caches[i] for i in self._indices]

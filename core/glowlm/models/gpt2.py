@@ -13,7 +13,7 @@ from glowlm.layers.activation import ACTIVATION_OPS, Activation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from glowlm.layers.fused import FusedLayer
+from glowlm.layers.fused import FusedLayer, FusedStack
 from glowlm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import LayerNorm
 from glowlm.models.base import CausalLM
@@ -75,6 +75,8 @@ class GPT2LMHeadModel(CausalLM):
         self.wpe.weight.requires_grad_(False)
         self.h = nn.ModuleList(GPT2Block(config, i, parts, f"transformer.h.{i}")
                                for i in range(config.n_layer))
+        self.stack = FusedStack(parts.ops.ln_decoder_stack, [b.fused for b in self.h],
+                                [b.attn for b in self.h])
         self.ln_f = LayerNorm(h, config.layer_norm_epsilon, parts)
         self.lm_head = ParallelLMHead(config.vocab_size, h, parts, "lm_head")
         self.lm_head.tie(self.wte)
@@ -85,8 +87,15 @@ class GPT2LMHeadModel(CausalLM):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
-        for block in self.h:
-            x = block(x, kv_caches, metadata)
+        out = None
+        if self.stack.fn is not None:
+            out = self.stack.fn(x, self.stack.weights(), self.stack.caches(kv_caches), metadata,
+                                self.stack.spec)
+        if out is not None:
+            x = out
+        else:
+            for block in self.h:
+                x = block(x, kv_caches, metadata)
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from glowlm.layers.activation import SiluAndMul
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from glowlm.layers.fused import FusedLayer
+from glowlm.layers.fused import FusedLayer, FusedStack
 from glowlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import RMSNorm
 from glowlm.layers.rotary import RotaryEmbedding, rope_settings
@@ -130,14 +130,23 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, parts, f"model.layers.{i}", qkv_bias, qk_norm, o_bias)
             for i in range(config.num_hidden_layers))
+        self.stack = FusedStack(parts.ops.rms_decoder_stack, [la.fused for la in self.layers],
+                                [la.self_attn.attn for la in self.layers])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, parts)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual, kv_caches, metadata)
+        out = None
+        if self.stack.fn is not None:
+            out = self.stack.fn(positions, x, None, self.stack.weights(),
+                                self.stack.caches(kv_caches), metadata, self.stack.spec)
+        if out is not None:
+            x, residual = out
+        else:
+            for layer in self.layers:
+                x, residual = layer(positions, x, residual, kv_caches, metadata)
         x, _ = self.norm(x, residual)
         return x
 

@@ -13,7 +13,7 @@ from glowlm.layers.activation import ACTIVATION_OPS, Activation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from glowlm.layers.fused import FusedLayer
+from glowlm.layers.fused import FusedLayer, FusedStack
 from glowlm.layers.linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
@@ -106,6 +106,8 @@ class OPTForCausalLM(CausalLM):
             self.final_layer_norm = LayerNorm(h, 1e-5, parts)
         self.layers = nn.ModuleList(OPTDecoderLayer(config, i, parts, f"model.decoder.layers.{i}")
                                     for i in range(config.num_hidden_layers))
+        self.stack = FusedStack(parts.ops.ln_decoder_stack, [la.fused for la in self.layers],
+                                [la.attn for la in self.layers])
         self.lm_head = ParallelLMHead(config.vocab_size, proj, parts, "lm_head")
         self.lm_head.tie(self.embed_tokens)
         self.num_layers = config.num_hidden_layers
@@ -118,8 +120,15 @@ class OPTForCausalLM(CausalLM):
         if self.project_in is not None:
             x = self.project_in(x)
         x = x + self.embed_positions(positions + POSITION_OFFSET)
-        for layer in self.layers:
-            x = layer(x, kv_caches, metadata)
+        out = None
+        if self.stack.fn is not None:
+            out = self.stack.fn(x, self.stack.weights(), self.stack.caches(kv_caches), metadata,
+                                self.stack.spec)
+        if out is not None:
+            x = out
+        else:
+            for layer in self.layers:
+                x = layer(x, kv_caches, metadata)
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
         if self.project_out is not None:

@@ -9,11 +9,17 @@ op accepts the call (it returns ``None`` for shapes or dtypes it does not cover)
 and the layer is in the configuration the op implements. Otherwise the layer runs
 its modules, which define the result: a fused op must match them (the x86 one runs
 the same kernels in the same order, so it matches bit for bit).
+
+A platform may also offer a *stack* op: every layer of the model in one call, so
+the per-layer call itself (a Python frame and a few dozen arguments to parse, each
+costing tens of microseconds when cold) is paid once per step rather than once
+per layer. A model uses it only when every one of its layers has the fused op; it
+may decline with ``None`` as well, and then the layers run one by one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +58,11 @@ class LnDecoderWeights:
 LnDecoderLayerFn = Callable[[torch.Tensor, LnDecoderWeights, torch.Tensor, AttentionMetadata,
                              AttentionLayerSpec], "torch.Tensor | None"]
 
+#: ``fn(x, layers, kv_caches, metadata, spec) -> output or None``: the layers in order,
+#: ``kv_caches[i]`` is layer ``i``'s cache; ``spec`` is the (common) attention spec.
+LnDecoderStackFn = Callable[[torch.Tensor, Sequence[LnDecoderWeights], Sequence[torch.Tensor],
+                             AttentionMetadata, AttentionLayerSpec], "torch.Tensor | None"]
+
 
 @dataclass(frozen=True)
 class RmsDecoderWeights:
@@ -86,3 +97,10 @@ class RmsDecoderWeights:
 RmsDecoderLayerFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None",
                               RmsDecoderWeights, torch.Tensor, AttentionMetadata,
                               AttentionLayerSpec], "tuple[torch.Tensor, torch.Tensor] | None"]
+
+#: ``fn(positions, x, residual, layers, kv_caches, metadata, spec)`` -> the last layer's
+#: ``(out, residual)`` or None; arguments as in :data:`LnDecoderStackFn`.
+RmsDecoderStackFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None",
+                              Sequence[RmsDecoderWeights], Sequence[torch.Tensor],
+                              AttentionMetadata, AttentionLayerSpec],
+                             "tuple[torch.Tensor, torch.Tensor] | None"]

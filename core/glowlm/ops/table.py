@@ -3,7 +3,7 @@
 Layers call ``ops.rms_norm(...)`` on the table their platform gave them, never a
 kernel library directly, so a plugin swaps implementations without touching
 models. Every field has the signature of the function of the same name in
-:mod:`glowlm.ops.reference`, except the optional fused layer ops (see
+:mod:`glowlm.ops.reference`, except the optional fused layer and stack ops (see
 :mod:`glowlm.ops.fused`), which are ``None`` unless a platform provides them.
 """
 
@@ -30,6 +30,10 @@ class OpsTable:
     ln_decoder_layer: Callable | None = None
     #: A whole RMSNorm decoder layer (Llama family): ``glowlm.ops.fused.RmsDecoderLayerFn``.
     rms_decoder_layer: Callable | None = None
+    #: Every pre-LayerNorm layer in one call: ``glowlm.ops.fused.LnDecoderStackFn``.
+    ln_decoder_stack: Callable | None = None
+    #: Every RMSNorm layer in one call: ``glowlm.ops.fused.RmsDecoderStackFn``.
+    rms_decoder_stack: Callable | None = None
 
     def replaced(self) -> list[str]:
         """Names of ops that differ from core's reference (for start-up reports)."""

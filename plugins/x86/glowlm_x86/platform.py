@@ -154,7 +154,12 @@ class X86Platform(Platform):
 
         from glowlm_x86.kernels import ops
         from glowlm_x86.kernels.attention import X86AttentionBackend
-        from glowlm_x86.kernels.fused import make_ln_decoder_layer, make_rms_decoder_layer
+        from glowlm_x86.kernels.fused import (
+            make_ln_decoder_layer,
+            make_ln_decoder_stack,
+            make_rms_decoder_layer,
+            make_rms_decoder_stack,
+        )
         from glowlm_x86.kernels.linear import X86LinearMethod, dense_linear
 
         # The fused layer runs the x86 GEMV/GEMM itself, so only a platform whose dense
@@ -169,6 +174,10 @@ class X86Platform(Platform):
                         ln_decoder_layer=make_ln_decoder_layer(linear.policy, attention)
                         if fuse else None,
                         rms_decoder_layer=make_rms_decoder_layer(linear.policy, attention)
+                        if fuse else None,
+                        ln_decoder_stack=make_ln_decoder_stack(linear.policy, attention)
+                        if fuse else None,
+                        rms_decoder_stack=make_rms_decoder_stack(linear.policy, attention)
                         if fuse else None)
 
     def unquantized_linear_method(self) -> LinearMethod:

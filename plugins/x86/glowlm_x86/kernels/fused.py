@@ -9,16 +9,25 @@ path's order, so results are identical to running the modules. They decline
 (return ``None``) whatever those kernels would not run themselves: cache shapes
 the attention kernel does not cover, weight dtypes outside fp32/bf16/fp16, and
 (``ln_decoder_layer``, whose layers have none) grouped KV heads.
+
+``ln_decoder_stack`` / ``rms_decoder_stack`` run every layer of a model in one call
+(the per-layer ops in a C++ loop); the weights are flattened into one list once per
+model and kept. They decline as the per-layer ops do, and also when the layers
+differ in what the call passes once (norm epsilon, activation, rotary table).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from glowlm.attention.backend import AttentionLayerSpec, AttentionMetadata
 from glowlm.ops.fused import (
     LnDecoderLayerFn,
+    LnDecoderStackFn,
     LnDecoderWeights,
     RmsDecoderLayerFn,
+    RmsDecoderStackFn,
     RmsDecoderWeights,
 )
 
@@ -66,3 +75,87 @@ def make_rms_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
             spec.scale, w.eps, policy.gemv_max_m)
 
     return rms_decoder_layer
+
+
+class _Flat:
+    """One model's weights as the stack op's flat list, made on first use and kept.
+
+    Keyed by the identity of the layers' weight list, which the model keeps for its
+    lifetime (:class:`glowlm.layers.fused.FusedStack`); ``None`` when the stack declines.
+    """
+
+    def __init__(self) -> None:
+        self._for: Sequence[object] | None = None
+        self._flat: list[torch.Tensor | None] | None = None
+
+    def get(self, layers: Sequence[object], make) -> list[torch.Tensor | None] | None:  # noqa: ANN001
+        if layers is not self._for:
+            self._for, self._flat = layers, make(layers)
+        return self._flat
+
+
+def _kernel_dtypes(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype in KERNEL_DTYPES for t in tensors)
+
+
+def make_ln_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
+                          ) -> LnDecoderStackFn:
+    flat = _Flat()
+
+    def make(layers: Sequence[LnDecoderWeights]) -> list[torch.Tensor | None] | None:
+        first = layers[0]
+        if any(w.eps != first.eps or w.activation != first.activation
+               or not _kernel_dtypes(w.qkv_weight, w.fc1_weight) for w in layers):
+            return None
+        return [t for w in layers for t in (
+            w.ln1_weight, w.ln1_bias, w.qkv_weight, w.qkv_bias, w.out_weight, w.out_bias,
+            w.ln2_weight, w.ln2_bias, w.fc1_weight, w.fc1_bias, w.fc2_weight, w.fc2_bias)]
+
+    def ln_decoder_stack(x: torch.Tensor, layers: Sequence[LnDecoderWeights],
+                         kv_caches: Sequence[torch.Tensor], metadata: AttentionMetadata,
+                         spec: AttentionLayerSpec) -> torch.Tensor | None:
+        weights = flat.get(layers, make)
+        if (weights is None or x.dim() != 2 or spec.num_kv_heads != spec.num_heads
+                or not attention.supports(spec.head_size, metadata.block_size,
+                                          kv_caches[0].dtype)):
+            return None
+        return torch.ops.glowlm_x86.ln_decoder_stack(
+            x, weights, list(kv_caches), metadata.block_tables, metadata.query_start_loc,
+            metadata.seq_lens, metadata.slot_mapping, spec.num_heads, spec.scale,
+            layers[0].eps, layers[0].activation, policy.gemv_max_m)
+
+    return ln_decoder_stack
+
+
+def make_rms_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
+                           ) -> RmsDecoderStackFn:
+    flat = _Flat()
+
+    def make(layers: Sequence[RmsDecoderWeights]) -> list[torch.Tensor | None] | None:
+        first = layers[0]
+        if any(w.eps != first.eps or w.cos_sin_cache is not first.cos_sin_cache
+               or w.rotary_dim != first.rotary_dim or w.is_neox != first.is_neox
+               or not _kernel_dtypes(w.qkv_weight, w.gate_up_weight) for w in layers):
+            return None
+        return [t for w in layers for t in (
+            w.ln1_weight, w.qkv_weight, w.qkv_bias, w.q_norm_weight, w.k_norm_weight,
+            w.o_weight, w.o_bias, w.ln2_weight, w.gate_up_weight, w.gate_up_bias,
+            w.down_weight, w.down_bias)]
+
+    def rms_decoder_stack(positions: torch.Tensor, x: torch.Tensor,
+                          residual: torch.Tensor | None, layers: Sequence[RmsDecoderWeights],
+                          kv_caches: Sequence[torch.Tensor], metadata: AttentionMetadata,
+                          spec: AttentionLayerSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
+        weights = flat.get(layers, make)
+        if (weights is None or x.dim() != 2
+                or not attention.supports(spec.head_size, metadata.block_size,
+                                          kv_caches[0].dtype)):
+            return None
+        first = layers[0]
+        return torch.ops.glowlm_x86.rms_decoder_stack(
+            positions, x, residual, weights, list(kv_caches), first.cos_sin_cache,
+            first.rotary_dim, first.is_neox, metadata.block_tables, metadata.query_start_loc,
+            metadata.seq_lens, metadata.slot_mapping, spec.num_heads, spec.num_kv_heads,
+            spec.head_size, spec.scale, first.eps, policy.gemv_max_m)
+
+    return rms_decoder_stack

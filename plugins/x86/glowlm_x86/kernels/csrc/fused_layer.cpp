@@ -111,4 +111,70 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_layer(
   return {linear(silu_and_mul(up), down_w, down_b, gemv_max_m), res};
 }
 
+// The stacks: every layer in one call (see glowlm.ops.fused). Weights come as one flat
+// list, kLnWeights / kRmsWeights per layer in the order of the per-layer ops' arguments.
+namespace {
+
+constexpr int64_t kLnWeights = 12, kRmsWeights = 12;
+
+at::Tensor need(const c10::List<std::optional<at::Tensor>>& w, int64_t i) {
+  std::optional<at::Tensor> t = w.get(i);
+  TORCH_CHECK(t.has_value(), "decoder stack: weight ", i, " is required but None");
+  return *t;
+}
+
+int64_t stack_layers(const c10::List<std::optional<at::Tensor>>& w, int64_t per,
+                     at::TensorList kv_caches, const char* name) {
+  const int64_t n = static_cast<int64_t>(kv_caches.size());
+  TORCH_CHECK(n > 0 && static_cast<int64_t>(w.size()) == n * per, name, ": ", w.size(),
+              " weights for ", n, " layers, expected ", per, " per layer");
+  return n;
+}
+
+}  // namespace
+
+at::Tensor ln_decoder_stack(const at::Tensor& x_in, const c10::List<std::optional<at::Tensor>>& w,
+                            at::TensorList kv_caches, const at::Tensor& block_tables,
+                            const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                            const at::Tensor& slot_mapping, int64_t num_heads, double scale,
+                            double eps, c10::string_view activation, int64_t gemv_max_m) {
+  const int64_t layers = stack_layers(w, kLnWeights, kv_caches, "ln_decoder_stack");
+  at::Tensor x = x_in;
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t b = l * kLnWeights;
+    at::Tensor cache = kv_caches[l];  // a handle on the same storage, written in place
+    x = ln_decoder_layer(x, need(w, b), w.get(b + 1), need(w, b + 2), w.get(b + 3),
+                         need(w, b + 4), w.get(b + 5), need(w, b + 6), w.get(b + 7),
+                         need(w, b + 8), w.get(b + 9), need(w, b + 10), w.get(b + 11),
+                         cache, block_tables, query_start_loc, seq_lens, slot_mapping,
+                         num_heads, scale, eps, activation, gemv_max_m);
+  }
+  return x;
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_decoder_stack(
+    const at::Tensor& positions, const at::Tensor& x_in, const std::optional<at::Tensor>& residual,
+    const c10::List<std::optional<at::Tensor>>& w, at::TensorList kv_caches,
+    const at::Tensor& cos_sin_cache, int64_t rotary_dim, bool is_neox,
+    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m) {
+  const int64_t layers = stack_layers(w, kRmsWeights, kv_caches, "rms_decoder_stack");
+  at::Tensor x = x_in;
+  std::optional<at::Tensor> res = residual;
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t b = l * kRmsWeights;
+    at::Tensor cache = kv_caches[l];
+    auto [out, r] = rms_decoder_layer(
+        positions, x, res, need(w, b), need(w, b + 1), w.get(b + 2), w.get(b + 3), w.get(b + 4),
+        cos_sin_cache, rotary_dim, is_neox, need(w, b + 5), w.get(b + 6), need(w, b + 7),
+        need(w, b + 8), w.get(b + 9), need(w, b + 10), w.get(b + 11), cache,
+        block_tables, query_start_loc, seq_lens, slot_mapping, num_heads, num_kv_heads,
+        head_size, scale, eps, gemv_max_m);
+    x = out;
+    res = r;
+  }
+  return {x, *res};
+}
+
 }  // namespace glowlm

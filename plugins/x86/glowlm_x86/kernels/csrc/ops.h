@@ -62,4 +62,17 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_layer(
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
 
+at::Tensor ln_decoder_stack(const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& w,
+                            at::TensorList kv_caches, const at::Tensor& block_tables,
+                            const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                            const at::Tensor& slot_mapping, int64_t num_heads, double scale,
+                            double eps, c10::string_view activation, int64_t gemv_max_m);
+std::tuple<at::Tensor, at::Tensor> rms_decoder_stack(
+    const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
+    const c10::List<std::optional<at::Tensor>>& w, at::TensorList kv_caches,
+    const at::Tensor& cos_sin_cache, int64_t rotary_dim, bool is_neox,
+    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
+
 }  // namespace glowlm

@@ -33,6 +33,15 @@ TORCH_LIBRARY(glowlm_x86, m) {
         " Tensor(a!) kv_cache, Tensor block_tables, Tensor query_start_loc, Tensor seq_lens,"
         " Tensor slot_mapping, int num_heads, int num_kv_heads, int head_size, float scale,"
         " float eps, int gemv_max_m) -> (Tensor, Tensor)");
+  // Every layer in one call: 12 weights per layer (None for absent biases / norms).
+  m.def("ln_decoder_stack(Tensor x, Tensor?[] weights, Tensor(a!)[] kv_caches,"
+        " Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, Tensor slot_mapping,"
+        " int num_heads, float scale, float eps, str activation, int gemv_max_m) -> Tensor");
+  m.def("rms_decoder_stack(Tensor positions, Tensor x, Tensor? residual, Tensor?[] weights,"
+        " Tensor(a!)[] kv_caches, Tensor cos_sin_cache, int rotary_dim, bool is_neox,"
+        " Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, Tensor slot_mapping,"
+        " int num_heads, int num_kv_heads, int head_size, float scale, float eps,"
+        " int gemv_max_m) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
@@ -50,4 +59,6 @@ TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
   m.impl("paged_attention", &glowlm::paged_attention);
   m.impl("ln_decoder_layer", &glowlm::ln_decoder_layer);
   m.impl("rms_decoder_layer", &glowlm::rms_decoder_layer);
+  m.impl("ln_decoder_stack", &glowlm::ln_decoder_stack);
+  m.impl("rms_decoder_stack", &glowlm::rms_decoder_stack);
 }
