@@ -34,9 +34,9 @@ class StepResult:
     prepare_seconds: float = 0.0
 
 
-def _pad(rows: list[list[int]], fill: int) -> torch.Tensor:
+def _pad(rows: list[list[int]], fill: int, dtype: type = np.int64) -> torch.Tensor:
     width = max((len(r) for r in rows), default=0) or 1
-    out = np.full((len(rows), width), fill, dtype=np.int64)
+    out = np.full((len(rows), width), fill, dtype=dtype)
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
     return torch.from_numpy(out)
@@ -78,28 +78,37 @@ class ModelRunner:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
             ids.extend(seq.token_ids[start:start + n])
-            pos = np.arange(start, start + n, dtype=np.int64)
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            pos_parts.append(pos)
-            slot_parts.append(table[pos // bs] * bs + pos % bs)
+            if n == 1:  # decode: plain ints (numpy's per-call cost dominates one token)
+                pos_parts.append(start)
+                slot_parts.append(seq.block_table[start // bs] * bs + start % bs)
+            else:
+                pos = np.arange(start, start + n, dtype=np.int64)
+                table = np.asarray(seq.block_table, dtype=np.int64)
+                pos_parts.append(pos)
+                slot_parts.append(table[pos // bs] * bs + pos % bs)
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             tables.append(seq.block_table)
             num_decodes += n == 1
+        if num_decodes == len(out.scheduled):
+            positions = torch.tensor(pos_parts, dtype=torch.int64)
+            slots = torch.tensor(slot_parts, dtype=torch.int64)
+        else:
+            positions = torch.from_numpy(np.concatenate([np.atleast_1d(p) for p in pos_parts]))
+            slots = torch.from_numpy(np.concatenate([np.atleast_1d(p) for p in slot_parts]))
         metadata = AttentionMetadata(
             num_decodes=num_decodes, num_prefills=len(out.scheduled) - num_decodes,
             num_decode_tokens=num_decodes,
-            slot_mapping=torch.from_numpy(np.concatenate(slot_parts)),
+            slot_mapping=slots,
             query_start_loc=torch.tensor(qsl, dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            block_tables=_pad(tables, 0).to(torch.int32),
+            block_tables=_pad(tables, 0, np.int32),
             max_query_len=max(b - a for a, b in zip(qsl, qsl[1:], strict=False)),
             max_seq_len=max(seq_lens), block_size=bs,
             query_start_loc_list=qsl, seq_lens_list=seq_lens,
         )
         metadata = self.backend.build_metadata(metadata)
-        return (torch.tensor(ids, dtype=torch.int64),
-                torch.from_numpy(np.concatenate(pos_parts)), metadata)
+        return torch.tensor(ids, dtype=torch.int64), positions, metadata
 
     def _sampling_batch(self, rows: list[Sequence], vocab: int) -> SamplingBatch:
         params = [s.request.params for s in rows]
@@ -174,7 +183,9 @@ class ModelRunner:
         t1 = time.perf_counter()
         hidden = self.model(input_ids, positions, self.kv_caches, metadata)
         rows = sample_rows + [r for _, r, _ in prompt_rows]
-        logits = self.model.compute_logits(hidden[rows]) if rows else None
+        if rows and rows != list(range(hidden.shape[0])):  # all rows (decode): no gather
+            hidden = hidden[rows]
+        logits = self.model.compute_logits(hidden) if rows else None
         t2 = time.perf_counter()
         if sample_rows:
             assert logits is not None

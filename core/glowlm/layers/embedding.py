@@ -63,4 +63,6 @@ class ParallelLMHead(VocabParallelEmbedding):
         """float32 logits ``[tokens, vocab]`` (padding rows of the last rank dropped)."""
         logits = self.dense_linear(hidden, self.weight, self.bias)
         logits = self.parallel.all_gather_last_dim(logits)
-        return logits[:, : self.vocab_size].float()
+        if logits.shape[1] != self.vocab_size:
+            logits = logits[:, : self.vocab_size]
+        return logits.float()
