@@ -57,5 +57,11 @@ class FusedStack(Generic[W]):
             self._weights = [f.weights() for f in self._fused]
         return self._weights
 
+    def __call__(self, *args: Any, kv_caches: Sequence[torch.Tensor], metadata: Any) -> Any:
+        """``fn(*args, weights, caches, metadata, spec)``; None if absent or declined."""
+        if self.fn is None:
+            return None
+        return self.fn(*args, self.weights(), self.caches(kv_caches), metadata, self.spec)
+
     def caches(self, kv_caches: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return [kv_caches[i] for i in self._indices]

@@ -87,10 +87,7 @@ class GPT2LMHeadModel(CausalLM):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
-        out = None
-        if self.stack.fn is not None:
-            out = self.stack.fn(x, self.stack.weights(), self.stack.caches(kv_caches), metadata,
-                                self.stack.spec)
+        out = self.stack(x, kv_caches=kv_caches, metadata=metadata)  # every layer at once
         if out is not None:
             x = out
         else:

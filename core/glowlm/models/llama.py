@@ -138,10 +138,7 @@ class LlamaModel(nn.Module):
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         residual = None
-        out = None
-        if self.stack.fn is not None:
-            out = self.stack.fn(positions, x, None, self.stack.weights(),
-                                self.stack.caches(kv_caches), metadata, self.stack.spec)
+        out = self.stack(positions, x, None, kv_caches=kv_caches, metadata=metadata)
         if out is not None:
             x, residual = out
         else:

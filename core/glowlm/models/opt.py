@@ -120,10 +120,7 @@ class OPTForCausalLM(CausalLM):
         if self.project_in is not None:
             x = self.project_in(x)
         x = x + self.embed_positions(positions + POSITION_OFFSET)
-        out = None
-        if self.stack.fn is not None:
-            out = self.stack.fn(x, self.stack.weights(), self.stack.caches(kv_caches), metadata,
-                                self.stack.spec)
+        out = self.stack(x, kv_caches=kv_caches, metadata=metadata)  # every layer at once
         if out is not None:
             x = out
         else:

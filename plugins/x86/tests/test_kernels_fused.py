@@ -75,14 +75,19 @@ def test_per_layer_ops_without_the_stack(arch: str, tmp_path: Path,
     assert (tokens, logprobs) == (tokens_layers, logprobs_layers)
 
 
+def _metadata() -> tuple[torch.Tensor, ...]:
+    """Block tables, query starts, lengths and slots for one decode at position 8 (block 2)
+    and a 4-token prefill (block 0), with blocks of 32."""
+    return (torch.tensor([[1, 0], [0, 0]], dtype=torch.int32),
+            torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([9, 4], dtype=torch.int32),
+            torch.tensor([32 + 8, 0, 1, 2, 3], dtype=torch.int64))
+
+
 def test_opcheck_ln_decoder_layer() -> None:
     g = torch.Generator().manual_seed(0)
     h, heads, ffn = 64, 4, 96
     cache = torch.randn(2, 4, heads, 32, h // heads, generator=g)
-    # One decode at position 8 (block 2) and a 4-token prefill (block 0).
-    tables = torch.tensor([[1, 0], [0, 0]], dtype=torch.int32)
-    qsl, lens = torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([9, 4], dtype=torch.int32)
-    slots = torch.tensor([32 + 8, 0, 1, 2, 3], dtype=torch.int64)
+    tables, qsl, lens, slots = _metadata()
 
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * 0.1
@@ -97,9 +102,7 @@ def test_opcheck_rms_decoder_layer() -> None:
     g = torch.Generator().manual_seed(0)
     hidden, heads, kv_heads, hs, inter = 64, 4, 2, 16, 96
     cache = torch.randn(2, 4, kv_heads, 32, hs, generator=g)
-    tables = torch.tensor([[1, 0], [0, 0]], dtype=torch.int32)
-    qsl, lens = torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([9, 4], dtype=torch.int32)
-    slots = torch.tensor([32 + 8, 0, 1, 2, 3], dtype=torch.int64)
+    tables, qsl, lens, slots = _metadata()
     positions = torch.tensor([8, 0, 1, 2, 3])
 
     def r(*shape: int) -> torch.Tensor:
@@ -118,9 +121,7 @@ def test_opcheck_ln_decoder_stack() -> None:
     g = torch.Generator().manual_seed(0)
     h, heads, ffn = 64, 4, 96
     caches = [torch.randn(2, 4, heads, 32, h // heads, generator=g) for _ in range(2)]
-    tables = torch.tensor([[1, 0], [0, 0]], dtype=torch.int32)
-    qsl, lens = torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([9, 4], dtype=torch.int32)
-    slots = torch.tensor([32 + 8, 0, 1, 2, 3], dtype=torch.int64)
+    tables, qsl, lens, slots = _metadata()
 
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * 0.1
@@ -138,9 +139,7 @@ def test_opcheck_rms_decoder_stack() -> None:
     g = torch.Generator().manual_seed(0)
     hidden, heads, kv_heads, hs, inter = 64, 4, 2, 16, 96
     caches = [torch.randn(2, 4, kv_heads, 32, hs, generator=g) for _ in range(2)]
-    tables = torch.tensor([[1, 0], [0, 0]], dtype=torch.int32)
-    qsl, lens = torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([9, 4], dtype=torch.int32)
-    slots = torch.tensor([32 + 8, 0, 1, 2, 3], dtype=torch.int64)
+    tables, qsl, lens, slots = _metadata()
     positions = torch.tensor([8, 0, 1, 2, 3])
 
     def r(*shape: int) -> torch.Tensor:
