@@ -35,6 +35,10 @@ from glowlm_x86.kernels.attention import X86AttentionBackend
 from glowlm_x86.kernels.linear import KERNEL_DTYPES, GemmPolicy
 
 
+def _kernel_dtypes(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype in KERNEL_DTYPES for t in tensors)
+
+
 def make_ln_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
                           ) -> LnDecoderLayerFn:
     def ln_decoder_layer(x: torch.Tensor, w: LnDecoderWeights, kv_cache: torch.Tensor,
@@ -42,8 +46,7 @@ def make_ln_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
                          ) -> torch.Tensor | None:
         if (x.dim() != 2 or spec.num_kv_heads != spec.num_heads
                 or not attention.supports(spec.head_size, metadata.block_size, kv_cache.dtype)
-                or w.qkv_weight.dtype not in KERNEL_DTYPES
-                or w.fc1_weight.dtype not in KERNEL_DTYPES):
+                or not _kernel_dtypes(w.qkv_weight, w.fc1_weight)):
             return None
         return torch.ops.glowlm_x86.ln_decoder_layer(
             x, w.ln1_weight, w.ln1_bias, w.qkv_weight, w.qkv_bias, w.out_weight, w.out_bias,
@@ -63,8 +66,7 @@ def make_rms_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
                           spec: AttentionLayerSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
         if (x.dim() != 2
                 or not attention.supports(spec.head_size, metadata.block_size, kv_cache.dtype)
-                or w.qkv_weight.dtype not in KERNEL_DTYPES
-                or w.gate_up_weight.dtype not in KERNEL_DTYPES):
+                or not _kernel_dtypes(w.qkv_weight, w.gate_up_weight)):
             return None
         return torch.ops.glowlm_x86.rms_decoder_layer(
             positions, x, residual, w.ln1_weight, w.qkv_weight, w.qkv_bias, w.q_norm_weight,
@@ -92,10 +94,6 @@ class _Flat:
         if layers is not self._for:
             self._for, self._flat = layers, make(layers)
         return self._flat
-
-
-def _kernel_dtypes(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype in KERNEL_DTYPES for t in tensors)
 
 
 def make_ln_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend

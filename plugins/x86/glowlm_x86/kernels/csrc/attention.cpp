@@ -82,6 +82,8 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
   // blocks are a few KiB of DRAM each, too short for the hardware prefetchers to ramp up.
   auto block = [&](int64_t b, int64_t n, const auto* kf, const auto* vf, const C* next_k) {
     constexpr int64_t elem = static_cast<int64_t>(sizeof(*kf));
+    // Scratch blocks (prefill, converted to fp32) are in L1/L2 already: nothing to fetch.
+    constexpr bool in_cache = std::is_same_v<std::decay_t<decltype(*vf)>, C>;
     for (int64_t r = 0; r < rows; ++r) {
       const float* qr = row_q(r);
       const int64_t limit = ctx - qlen + task.q_begin + r / g.group + 1 - b * bs;  // keys seen
@@ -91,7 +93,7 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
       float block_max = kNegInf;
       int64_t t = 0;
       for (; t + W <= nr; t += W) {  // W keys at once: W accumulators, one transposed sum
-        if (r == 0) prefetch_rows(vf + t * hs, W * hs * elem);
+        if (in_cache && r == 0) prefetch_rows(vf + t * hs, W * hs * elem);
         VecF d[W];
         GLOWLM_UNROLL for (int j = 0; j < W; ++j) d[j] = zero();
         for (int v = 0; v < nv; ++v) {
