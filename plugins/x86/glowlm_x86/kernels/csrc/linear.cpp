@@ -8,14 +8,19 @@
 //
 // How rows are walked depends on their length. Long rows (>= 4 KiB) go four at a
 // time, interleaved: four streams per thread kept the memory system busiest on the
-// llama-1b shapes. Short rows (opt-125m: 768 bf16 = 1.5 KiB) go one at a time, so a
-// chunk is one sequential stream: interleaving four 1.5 KiB streams left the hardware
-// prefetchers ramping up on every tile and ran at ~17 GB/s against ~22-23 sequential
-// (docs/performance.md). A short-row stream also prefetches kPrefetchBytes ahead in
-// software: the hardware prefetchers stop at every 4 KiB page boundary and the rows are
-// too short for them to ramp up again (opt-125m shapes: +12-15 % read rate, measured
-// round-robin against the same loop without it; on the long llama rows prefetching
-// ahead of the four streams made them slower, so they do not).
+// llama-1b shapes. Short rows (opt-125m: 768 bf16 = 1.5 KiB) go two at a time from the
+// two halves of a chunk, i.e. two sequential streams 96 KiB apart that share each
+// load of x. One stream per thread (the previous walk) reached ~89 % of a plain read
+// of the same matrices; its conversion and FMAs per cache line kept too few lines in
+// flight. Two distant streams double that, and read as fast as the plain read (C++
+// microbenchmark, opt-125m matrices in 2 MiB pages, configurations round-robin: 30.8
+// against 31.2 GB/s with two threads, 21.3 against 21.3 with one; one stream 28.0 and
+// 19.2). Adjacent short rows interleaved are slower (~17 GB/s): four 1.5 KiB streams
+// left the hardware prefetchers ramping up on every tile. A short-row stream also
+// prefetches kPrefetchBytes ahead in software: the hardware prefetchers stop at every
+// 4 KiB page boundary and the rows are too short for them to ramp up again (+12-15 %
+// read rate; further ahead was slower; on the long llama rows prefetching ahead of
+// the four streams made them slower, so they do not).
 #include <ATen/Parallel.h>
 
 #include <optional>
@@ -32,16 +37,19 @@ namespace {
 using namespace glowlm::vec;
 
 constexpr int kNR = 4;                 // weight rows per register tile (long rows)
-constexpr int64_t kChunkRows = 64;     // output rows per thread work item
+constexpr int64_t kChunkRows = 64;     // output rows per thread work item (long rows)
+constexpr int64_t kShortChunkRows = 128;  // short rows: two 64-row streams per item
 constexpr int64_t kShortRowBytes = 4096;
 constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kLine = 64;
 
 // y[m, n] = sum_k x[m, k] * w[n, k] for MR token rows and NR weight rows, with U
-// independent accumulators along k (for ILP when MR x NR is small). PF: prefetch the
-// weight stream kPrefetchBytes ahead (single-row tiles only).
+// independent accumulators along k (for ILP when MR x NR is small). Weight row n
+// starts at w + n * ws and its outputs at y + n * ys (ws = K, ys = 1 for adjacent rows).
+// PF: prefetch each weight row's stream kPrefetchBytes ahead (short rows).
 template <int MR, int NR, int U, bool PF, typename WT>
-inline void gemv_tile(const float* x, int64_t K, const WT* w, float* y, int64_t ldy) {
+inline void gemv_tile(const float* x, int64_t K, const WT* w, int64_t ws, float* y, int64_t ys,
+                      int64_t ldy) {
   VecF acc[MR][NR][U];
   GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
     GLOWLM_UNROLL for (int n = 0; n < NR; ++n) {
@@ -51,13 +59,15 @@ inline void gemv_tile(const float* x, int64_t K, const WT* w, float* y, int64_t 
   int64_t k = 0;
   for (; k + U * W <= K; k += U * W) {
     if constexpr (PF) {
-      const char* ahead = reinterpret_cast<const char*>(w + k) + kPrefetchBytes;
       constexpr int64_t bytes = U * W * static_cast<int64_t>(sizeof(WT));
-      GLOWLM_UNROLL for (int64_t b = 0; b < bytes; b += kLine) prefetch(ahead + b);
+      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) {
+        const char* ahead = reinterpret_cast<const char*>(w + n * ws + k) + kPrefetchBytes;
+        GLOWLM_UNROLL for (int64_t b = 0; b < bytes; b += kLine) prefetch(ahead + b);
+      }
     }
     GLOWLM_UNROLL for (int u = 0; u < U; ++u) {
       VecF wv[NR];
-      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) wv[n] = load(w + n * K + k + u * W);
+      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) wv[n] = load(w + n * ws + k + u * W);
       GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
         const VecF xv = load(x + m * K + k + u * W);
         GLOWLM_UNROLL for (int n = 0; n < NR; ++n) acc[m][n][u] = fmadd(xv, wv[n], acc[m][n][u]);
@@ -68,7 +78,7 @@ inline void gemv_tile(const float* x, int64_t K, const WT* w, float* y, int64_t 
     GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
       const VecF xv = load(x + m * K + k);
       GLOWLM_UNROLL for (int n = 0; n < NR; ++n)
-        acc[m][n][0] = fmadd(xv, load(w + n * K + k), acc[m][n][0]);
+        acc[m][n][0] = fmadd(xv, load(w + n * ws + k), acc[m][n][0]);
     }
   }
   for (int m = 0; m < MR; ++m) {
@@ -76,40 +86,49 @@ inline void gemv_tile(const float* x, int64_t K, const WT* w, float* y, int64_t 
       VecF t = acc[m][n][0];
       for (int u = 1; u < U; ++u) t = add(t, acc[m][n][u]);
       float s = reduce_add(t);
-      for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * to_float(w[n * K + kk]);
-      y[m * ldy + n] = s;
+      for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * to_float(w[n * ws + kk]);
+      y[m * ldy + n * ys] = s;
     }
   }
 }
 
-// NR weight rows against all M token rows, kGemvMR at a time. Only the first pass over
-// a row block prefetches; later token rows find it in L1/L2.
+// NR weight rows (ws apart, outputs ys apart) against all M token rows, kGemvMR at a
+// time. Only the first pass over the rows prefetches; later token rows find them in
+// L1/L2.
 template <int NR, int U, bool PF, typename WT>
-inline void gemv_rows(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N) {
+inline void gemv_rows(const float* x, int64_t M, int64_t K, const WT* w, int64_t ws, float* y,
+                      int64_t ys, int64_t N) {
   constexpr int MR = kGemvMR;
+  constexpr int U1 = U == 1 ? 1 : 4;  // one token row: more accumulators for ILP
   int64_t m = 0;
   for (; m + MR <= M; m += MR) {
-    if (m == 0) gemv_tile<MR, NR, U, PF>(x, K, w, y, N);
-    else gemv_tile<MR, NR, U, false>(x + m * K, K, w, y + m * N, N);
+    if (m == 0) gemv_tile<MR, NR, U, PF>(x, K, w, ws, y, ys, N);
+    else gemv_tile<MR, NR, U, false>(x + m * K, K, w, ws, y + m * N, ys, N);
   }
   for (; m < M; ++m) {
-    if (m == 0) gemv_tile<1, NR, U == 1 ? 1 : 4, PF>(x, K, w, y, N);
-    else gemv_tile<1, NR, U == 1 ? 1 : 4, false>(x + m * K, K, w, y + m * N, N);
+    if (m == 0) gemv_tile<1, NR, U1, PF>(x, K, w, ws, y, ys, N);
+    else gemv_tile<1, NR, U1, false>(x + m * K, K, w, ws, y + m * N, ys, N);
   }
 }
 
 template <typename WT>
 void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N) {
   const bool short_rows = K * static_cast<int64_t>(sizeof(WT)) < kShortRowBytes;
-  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
+  const int64_t rows = short_rows ? kShortChunkRows : kChunkRows;
+  const int64_t chunks = (N + rows - 1) / rows;
   parallel_chunks(chunks, [&](int64_t c) {
-    const int64_t end = std::min(N, (c + 1) * kChunkRows);
-    int64_t n = c * kChunkRows;
-    if (!short_rows) {
+    const int64_t begin = c * rows, end = std::min(N, begin + rows);
+    int64_t n = begin;
+    if (short_rows) {  // rows begin + i and begin + half + i together
+      const int64_t half = (end - begin) / 2;
+      for (; n < begin + half; ++n)
+        gemv_rows<2, 2, true>(x, M, K, w + n * K, half * K, y + n, half, N);
+      n = begin + 2 * half;
+    } else {
       for (; n + kNR <= end; n += kNR)
-        gemv_rows<kNR, 1, false>(x, M, K, w + n * K, y + n, N);
+        gemv_rows<kNR, 1, false>(x, M, K, w + n * K, K, y + n, 1, N);
     }
-    for (; n < end; ++n) gemv_rows<1, 2, true>(x, M, K, w + n * K, y + n, N);
+    for (; n < end; ++n) gemv_rows<1, 2, true>(x, M, K, w + n * K, K, y + n, 1, N);
   });
 }
 
