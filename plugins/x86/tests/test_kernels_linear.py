@@ -38,7 +38,7 @@ def _case(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, seed: int = 0
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 16, 33])
 @pytest.mark.parametrize("n,k", [(1, 8), (3, 13), (4, 64), (7, 100), (130, 256), (300, 768),
-                                 (64, 2048)])
+                                 (64, 2048), (70, 2100)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv(dtype: torch.dtype, m: int, n: int, k: int, bias: bool) -> None:
     x, w, b, want = _case(m, n, k, dtype, bias)

@@ -6,21 +6,20 @@
 // rows are split across threads in chunks of 64, so each thread streams its own
 // slice of the weight.
 //
-// How rows are walked depends on their length. Long rows (>= 4 KiB) go four at a
-// time, interleaved: four streams per thread kept the memory system busiest on the
-// llama-1b shapes. Short rows (opt-125m: 768 bf16 = 1.5 KiB) go two at a time from the
-// two halves of a chunk, i.e. two sequential streams 96 KiB apart that share each
-// load of x. One stream per thread (the previous walk) reached ~89 % of a plain read
-// of the same matrices; its conversion and FMAs per cache line kept too few lines in
-// flight. Two distant streams double that, and read as fast as the plain read (C++
-// microbenchmark, opt-125m matrices in 2 MiB pages, configurations round-robin: 30.8
-// against 31.2 GB/s with two threads, 21.3 against 21.3 with one; one stream 28.0 and
-// 19.2). Adjacent short rows interleaved are slower (~17 GB/s): four 1.5 KiB streams
-// left the hardware prefetchers ramping up on every tile. A short-row stream also
-// prefetches kPrefetchBytes ahead in software: the hardware prefetchers stop at every
-// 4 KiB page boundary and the rows are too short for them to ramp up again (+12-15 %
-// read rate; further ahead was slower; on the long llama rows prefetching ahead of
-// the four streams made them slower, so they do not).
+// How rows are walked: each thread's chunk of rows is read as a few sequential
+// streams far apart, one row of each at a time, so every load of x serves them all.
+// One stream per thread kept too few cache lines in flight: its conversion and FMAs per
+// line are enough to hide little of the DRAM latency. Long rows (>= 4 KiB) go four at a
+// time from the four quarters of a chunk (four adjacent rows interleaved, the previous
+// walk, reached ~92 % of a plain read on the llama-1b matrices; four quarters 100 %).
+// Short rows (opt-125m: 768 bf16 = 1.5 KiB) go two at a time from the two halves of a
+// chunk (one stream: ~89 %; two halves: 99-100 %; adjacent short rows interleaved are
+// much slower, ~17 GB/s, the hardware prefetchers ramping up on every 1.5 KiB row). A
+// short-row stream also prefetches kPrefetchBytes ahead in software: the hardware
+// prefetchers stop at every 4 KiB page boundary and the rows are too short for them to
+// ramp up again (+12-15 %; further ahead was slower; on long rows prefetching made
+// them slower, so they do not). Figures: C++ microbenchmarks, the models' matrices in
+// 2 MiB pages, configurations round-robin in one process (docs/performance.md).
 #include <ATen/Parallel.h>
 
 #include <optional>
@@ -37,8 +36,8 @@ namespace {
 using namespace glowlm::vec;
 
 constexpr int kNR = 4;                 // weight rows per register tile (long rows)
-constexpr int64_t kChunkRows = 64;     // output rows per thread work item (long rows)
-constexpr int64_t kShortChunkRows = 128;  // short rows: two 64-row streams per item
+constexpr int64_t kChunkRows = 64;        // long rows per thread work item: 4 streams
+constexpr int64_t kShortChunkRows = 128;  // short rows per work item: 2 streams
 constexpr int64_t kShortRowBytes = 4096;
 constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kLine = 64;
@@ -124,9 +123,11 @@ void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, float* y, int6
       for (; n < begin + half; ++n)
         gemv_rows<2, 2, true>(x, M, K, w + n * K, half * K, y + n, half, N);
       n = begin + 2 * half;
-    } else {
-      for (; n + kNR <= end; n += kNR)
-        gemv_rows<kNR, 1, false>(x, M, K, w + n * K, K, y + n, 1, N);
+    } else {  // rows begin + i + j * quarter, j < kNR, together
+      const int64_t quarter = (end - begin) / kNR;
+      for (; n < begin + quarter; ++n)
+        gemv_rows<kNR, 1, false>(x, M, K, w + n * K, quarter * K, y + n, quarter, N);
+      n = begin + kNR * quarter;
     }
     for (; n < end; ++n) gemv_rows<1, 2, true>(x, M, K, w + n * K, K, y + n, 1, N);
   });
