@@ -13,6 +13,7 @@ import pytest
 import torch
 from glowlm import LLM, SamplingParams
 from glowlm.errors import ModelLoadError
+from glowlm.testing.pruning import assert_pruned_prefill_matches
 from glowlm.testing.tiny_models import SMALL_ENGINE as SMALL
 
 PROMPT_LENS = (5, 23, 70, 30, 41)
@@ -139,3 +140,9 @@ def test_sharded_checkpoint_loads(tiny_model_dir, tmp_path):
     a = LLM(str(src), **SMALL).generate(prompt, params, use_tqdm=False)[0]
     b = LLM(str(tmp_path), **SMALL).generate(prompt, params, use_tqdm=False)[0]
     assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+
+def test_last_layer_on_sampled_rows_only(tiny_model_dir, arch):
+    assert_pruned_prefill_matches(tiny_model_dir(arch), "generic", 384, max_model_len=128,
+                                  **SMALL)

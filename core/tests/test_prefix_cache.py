@@ -37,6 +37,22 @@ def test_shared_prefix_is_computed_once_and_output_unchanged(tiny_model_dir):
     assert sum(o.num_cached_tokens for o in out_cached) == 15 * 512
 
 
+
+def test_prompt_logprobs_are_complete_when_the_prefix_is_cached(tiny_model_dir):
+    """The cache holds keys and values, not logits: a request that asks for prompt
+    log-probabilities computes its whole prompt, even when the prefix is cached."""
+    llm = LLM(str(tiny_model_dir("llama")), platform="generic", max_model_len=256,
+              **SMALL_ENGINE)
+    prompt = {"prompt_token_ids": list(range(3, 103))}
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    first, second = (llm.generate(prompt, params, use_tqdm=False)[0] for _ in range(2))
+    assert len(first.prompt_logprobs) == len(second.prompt_logprobs) == 100
+    assert [p and sorted(p) for p in first.prompt_logprobs] == \
+        [p and sorted(p) for p in second.prompt_logprobs]
+    plain = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1),
+                         use_tqdm=False)[0]
+    assert plain.num_cached_tokens == 96  # the prefix cache still serves the others
+
 def _seq(tokens: list[int], sid: int = 1) -> Sequence:
     from glowlm.sampling.params import SamplingParams as P
 

@@ -97,9 +97,12 @@ class BlockManager:
         """Attach cached blocks for the longest cached prefix of a fresh sequence.
 
         Returns the number of tokens found. At least one token is always left to
-        compute, because the last position's logits are needed for sampling.
+        compute, because the last position's logits are needed for sampling. A request
+        that asks for prompt log-probabilities reuses nothing: the cache holds keys and
+        values, not the logits of the positions it would skip.
         """
-        if not self.enable_prefix_caching or seq.block_table:
+        if (not self.enable_prefix_caching or seq.block_table
+                or seq.request.prompt_logprobs is not None):
             return 0
         hashes = self.prompt_hashes(seq)
         usable = (seq.num_tokens - 1) // self.block_size

@@ -7,6 +7,7 @@ KV cache is allocated once at start-up and never reallocated.
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -56,6 +57,9 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, backend: AttentionBackend, num_blocks: int,
                  block_size: int, kv_dtype: torch.dtype) -> None:
         self.model = model
+        # Models whose forward takes output_rows (CausalLM.forward) skip work on rows
+        # that are not sampled; others return every row and the runner gathers.
+        self._prunes = "output_rows" in inspect.signature(model.forward).parameters
         self.backend = backend
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -180,11 +184,16 @@ class ModelRunner:
                 for p in range(max(start, have - 1), min(start + item.num_new_tokens,
                                                          seq.num_prompt_tokens - 1)):
                     prompt_rows.append((id(request), qsl[i] + p - start, seq.token_ids[p + 1]))
-        t1 = time.perf_counter()
-        hidden = self.model(input_ids, positions, self.kv_caches, metadata)
         rows = sample_rows + [r for _, r, _ in prompt_rows]
-        if rows and rows != list(range(hidden.shape[0])):  # all rows (decode): no gather
-            hidden = hidden[rows]
+        every_row = rows == list(range(input_ids.shape[0]))  # decode: no gather
+        t1 = time.perf_counter()
+        if every_row or not self._prunes:
+            hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+            if rows and not every_row:
+                hidden = hidden[rows]
+        else:  # the model's last layer runs on the sampled rows only
+            hidden = self.model(input_ids, positions, self.kv_caches, metadata,
+                                output_rows=torch.tensor(rows, dtype=torch.long))
         logits = self.model.compute_logits(hidden) if rows else None
         t2 = time.perf_counter()
         if sample_rows:

@@ -39,7 +39,9 @@ class FusedStack(Generic[W]):
     """The platform's stack op over a model's layers, when every layer has its fused op.
 
     ``fused`` holds each layer's :class:`FusedLayer` and ``attention`` each layer's
-    attention (for its cache index and spec), in layer order.
+    attention (for its cache index and spec), in layer order. ``skip_last=True`` runs
+    all but the last layer (for a model that runs its last layer itself, on fewer
+    rows: :meth:`glowlm.models.base.CausalLM.forward`).
     """
 
     def __init__(self, fn: Callable[..., Any] | None, fused: Sequence[FusedLayer[W]],
@@ -51,17 +53,25 @@ class FusedStack(Generic[W]):
         if any(a.spec != self.spec for a in attention):
             self.fn = None  # one call takes one spec
         self._weights: list[W] | None = None
+        self._head: list[W] | None = None  # all but the last layer's
 
-    def weights(self) -> list[W]:
+    def weights(self, skip_last: bool = False) -> list[W]:
+        """The layers' weights; the lists keep their identity (platforms key caches on it)."""
         if self._weights is None:
             self._weights = [f.weights() for f in self._fused]
-        return self._weights
+            self._head = self._weights[:-1]
+        assert self._head is not None
+        return self._head if skip_last else self._weights
 
-    def __call__(self, *args: Any, kv_caches: Sequence[torch.Tensor], metadata: Any) -> Any:
+    def __call__(self, *args: Any, kv_caches: Sequence[torch.Tensor], metadata: Any,
+                 skip_last: bool = False) -> Any:
         """``fn(*args, weights, caches, metadata, spec)``; None if absent or declined."""
-        if self.fn is None:
+        if self.fn is None or (skip_last and len(self._fused) == 1):
             return None
-        return self.fn(*args, self.weights(), self.caches(kv_caches), metadata, self.spec)
+        return self.fn(*args, self.weights(skip_last), self.caches(kv_caches, skip_last),
+                       metadata, self.spec)
 
-    def caches(self, kv_caches: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return [kv_caches[i] for i in self._indices]
+    def caches(self, kv_caches: Sequence[torch.Tensor], skip_last: bool = False
+               ) -> list[torch.Tensor]:
+        indices = self._indices[:-1] if skip_last else self._indices
+        return [kv_caches[i] for i in indices]

@@ -16,7 +16,7 @@ from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from glowlm.layers.fused import FusedLayer, FusedStack
 from glowlm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import LayerNorm
-from glowlm.models.base import CausalLM
+from glowlm.models.base import CausalLM, prune_rows
 from glowlm.ops.fused import LnDecoderWeights
 
 _CONV1D = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
@@ -55,14 +55,16 @@ class GPT2Block(nn.Module):
             self.ln_2.eps, ACTIVATION_OPS[self.activation])
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
-                metadata: AttentionMetadata) -> torch.Tensor:
-        if self.fused.fn is not None:
+                metadata: AttentionMetadata, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """``keep``: the token rows to carry past attention (see CausalLM.forward)."""
+        if self.fused.fn is not None and keep is None:
             out = self.fused.fn(x, self.fused.weights(), kv_caches[self.attn.layer_index],
                                 metadata, self.attn.spec)
             if out is not None:
                 return out
         q, k, v = self.c_attn(self.ln_1(x)).chunk(3, dim=-1)
         x = x + self.c_proj(self.attn(q, k, v, kv_caches, metadata))
+        (x,) = prune_rows(keep, x)
         return x + self.mlp_proj(self.act(self.c_fc(self.ln_2(x))))
 
 
@@ -85,14 +87,18 @@ class GPT2LMHeadModel(CausalLM):
         self.head_size = self.h[0].head_size
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
+                output_rows: torch.Tensor | None = None) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
-        out = self.stack(x, kv_caches=kv_caches, metadata=metadata)  # every layer at once
-        if out is not None:
+        prune = output_rows is not None
+        out = self.stack(x, kv_caches=kv_caches, metadata=metadata, skip_last=prune)
+        if out is not None:  # every block (but the last when pruning) at once
             x = out
         else:
-            for block in self.h:
+            for block in self.h[:-1] if prune else self.h:
                 x = block(x, kv_caches, metadata)
+        if prune:
+            x = self.h[-1](x, kv_caches, metadata, output_rows)
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

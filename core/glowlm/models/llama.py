@@ -20,7 +20,7 @@ from glowlm.layers.fused import FusedLayer, FusedStack
 from glowlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import RMSNorm
 from glowlm.layers.rotary import RotaryEmbedding, rope_settings
-from glowlm.models.base import CausalLM
+from glowlm.models.base import CausalLM, prune_rows
 from glowlm.ops.fused import RmsDecoderWeights
 
 
@@ -104,9 +104,10 @@ class LlamaDecoderLayer(nn.Module):
             m.gate_up_proj.bias, m.down_proj.weight, m.down_proj.bias, self.input_layernorm.eps)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
-                kv_caches: list[torch.Tensor], metadata: AttentionMetadata
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.fused.fn is not None:
+                kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
+                keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``keep``: the token rows to carry past attention (see CausalLM.forward)."""
+        if self.fused.fn is not None and keep is None:
             attn = self.self_attn.attn
             out = self.fused.fn(positions, x, residual, self.fused.weights(),
                                 kv_caches[attn.layer_index], metadata, attn.spec)
@@ -117,6 +118,7 @@ class LlamaDecoderLayer(nn.Module):
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(positions, x, kv_caches, metadata)
+        x, residual = prune_rows(keep, x, residual)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -135,15 +137,21 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, parts)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
+                output_rows: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         residual = None
-        out = self.stack(positions, x, None, kv_caches=kv_caches, metadata=metadata)
+        prune = output_rows is not None
+        out = self.stack(positions, x, None, kv_caches=kv_caches, metadata=metadata,
+                         skip_last=prune)
         if out is not None:
             x, residual = out
         else:
-            for layer in self.layers:
+            for layer in self.layers[:-1] if prune else self.layers:
                 x, residual = layer(positions, x, residual, kv_caches, metadata)
+        if prune:
+            x, residual = self.layers[-1](positions, x, residual, kv_caches, metadata,
+                                          output_rows)
         x, _ = self.norm(x, residual)
         return x
 
@@ -172,8 +180,9 @@ class LlamaForCausalLM(CausalLM):
         self.head_size = attn.head_size
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, metadata)
+                kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
+                output_rows: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, metadata, output_rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)

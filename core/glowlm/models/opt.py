@@ -21,7 +21,7 @@ from glowlm.layers.linear import (
     RowParallelLinear,
 )
 from glowlm.layers.norm import LayerNorm
-from glowlm.models.base import CausalLM
+from glowlm.models.base import CausalLM, prune_rows
 from glowlm.ops.fused import LnDecoderWeights
 
 POSITION_OFFSET = 2  # OPT reserves the first two rows of its position table
@@ -60,8 +60,9 @@ class OPTDecoderLayer(nn.Module):
             ACTIVATION_OPS[self.activation])
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
-                metadata: AttentionMetadata) -> torch.Tensor:
-        if self.fused.fn is not None:
+                metadata: AttentionMetadata, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """``keep``: the token rows to carry past attention (see CausalLM.forward)."""
+        if self.fused.fn is not None and keep is None:
             out = self.fused.fn(x, self.fused.weights(), kv_caches[self.attn.layer_index],
                                 metadata, self.attn.spec)
             if out is not None:
@@ -71,6 +72,7 @@ class OPTDecoderLayer(nn.Module):
             x = self.self_attn_layer_norm(x)
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
         x = residual + self.out_proj(self.attn(q, k, v, kv_caches, metadata))
+        (x,) = prune_rows(keep, x)
         if not self.pre_norm:
             x = self.self_attn_layer_norm(x)
         residual = x
@@ -115,17 +117,21 @@ class OPTForCausalLM(CausalLM):
         self.head_size = self.layers[0].head_size
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
+                output_rows: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         if self.project_in is not None:
             x = self.project_in(x)
         x = x + self.embed_positions(positions + POSITION_OFFSET)
-        out = self.stack(x, kv_caches=kv_caches, metadata=metadata)  # every layer at once
-        if out is not None:
+        prune = output_rows is not None
+        out = self.stack(x, kv_caches=kv_caches, metadata=metadata, skip_last=prune)
+        if out is not None:  # every layer (but the last when pruning) at once
             x = out
         else:
-            for layer in self.layers:
+            for layer in self.layers[:-1] if prune else self.layers:
                 x = layer(x, kv_caches, metadata)
+        if prune:
+            x = self.layers[-1](x, kv_caches, metadata, output_rows)
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
         if self.project_out is not None:

@@ -15,7 +15,8 @@ import torch
 from glowlm import LLM, SamplingParams
 from glowlm.ops.table import REFERENCE_OPS
 from glowlm.platforms.host import live
-from glowlm.testing.tiny_models import ARCHITECTURES, make_tiny_model
+from glowlm.testing.pruning import assert_pruned_prefill_matches
+from glowlm.testing.tiny_models import ARCHITECTURES, VOCAB, make_tiny_model
 from glowlm_x86.kernels.linear import X86LinearMethod
 from glowlm_x86.kernels.ops import OP_NAMES
 from glowlm_x86.kernels.testing import require_kernels
@@ -73,6 +74,16 @@ def test_x86_kernels_match_reference_and_transformers(
     compiled = _greedy(model_dir, "x86")
     assert compiled == _greedy(model_dir, "generic")
     assert compiled == _hf_greedy(model_dir)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_pruned_prefill_with_compiled_kernels(model_dirs: dict[str, Path],
+                                              tmp_path_factory: pytest.TempPathFactory,
+                                              arch: str) -> None:
+    """The decoder stack without its last layer, then that layer on the sampled rows."""
+    require_kernels()
+    assert_pruned_prefill_matches(_model(model_dirs, tmp_path_factory, arch), "x86", VOCAB,
+                                  **ENGINE)
 
 
 def test_chunked_prefill_with_compiled_kernels(model_dirs: dict[str, Path],

@@ -80,20 +80,24 @@ def make_rms_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
 
 
 class _Flat:
-    """One model's weights as the stack op's flat list, made on first use and kept.
+    """A model's weights as the stack op's flat lists, made on first use and kept.
 
     Keyed by the identity of the layers' weight list, which the model keeps for its
-    lifetime (:class:`glowlm.layers.fused.FusedStack`); ``None`` when the stack declines.
+    lifetime (:class:`glowlm.layers.fused.FusedStack`: one list of every layer, one of
+    all but the last); ``None`` when the stack declines. Holds the two lists of the
+    last model used: a process serves one model.
     """
 
     def __init__(self) -> None:
-        self._for: Sequence[object] | None = None
-        self._flat: list[torch.Tensor | None] | None = None
+        self._entries: list[tuple[Sequence[object], list[torch.Tensor | None] | None]] = []
 
     def get(self, layers: Sequence[object], make) -> list[torch.Tensor | None] | None:  # noqa: ANN001
-        if layers is not self._for:
-            self._for, self._flat = layers, make(layers)
-        return self._flat
+        for key, flat in self._entries:
+            if key is layers:
+                return flat
+        flat = make(layers)
+        self._entries = [*self._entries[-1:], (layers, flat)]
+        return flat
 
 
 def make_ln_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
