@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from glowlm.attention.backend import AttentionMetadata
 from glowlm.errors import ModelLoadError
+from glowlm.layers.fused import FusedStack
 
 #: (fused parameter name, checkpoint name, shard id)
 StackedMapping = list[tuple[str, str, str | int]]
@@ -110,3 +112,22 @@ def prune_rows(rows: torch.Tensor | None, *tensors: torch.Tensor) -> tuple[torch
     if rows is None:
         return tensors
     return tuple(t.index_select(0, rows) for t in tensors)
+
+
+def run_layers(stack: FusedStack[Any], layers: Sequence[nn.Module], x: torch.Tensor,
+               kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
+               output_rows: torch.Tensor | None) -> torch.Tensor:
+    """Decoder layers that map ``x`` to ``x`` (OPT, GPT-2): every layer in the stack op
+    when the platform has one, else one by one; with ``output_rows`` the last layer
+    runs by itself and keeps only those rows past its attention (:meth:`CausalLM.forward`).
+    """
+    prune = output_rows is not None
+    out = stack(x, kv_caches=kv_caches, metadata=metadata, skip_last=prune)
+    if out is not None:
+        x = out
+    else:
+        for layer in layers[:-1] if prune else layers:
+            x = layer(x, kv_caches, metadata)
+    if prune:
+        x = layers[-1](x, kv_caches, metadata, output_rows)
+    return x

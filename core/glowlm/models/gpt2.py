@@ -16,7 +16,7 @@ from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from glowlm.layers.fused import FusedLayer, FusedStack
 from glowlm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import LayerNorm
-from glowlm.models.base import CausalLM, prune_rows
+from glowlm.models.base import CausalLM, prune_rows, run_layers
 from glowlm.ops.fused import LnDecoderWeights
 
 _CONV1D = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
@@ -90,15 +90,7 @@ class GPT2LMHeadModel(CausalLM):
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
                 output_rows: torch.Tensor | None = None) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
-        prune = output_rows is not None
-        out = self.stack(x, kv_caches=kv_caches, metadata=metadata, skip_last=prune)
-        if out is not None:  # every block (but the last when pruning) at once
-            x = out
-        else:
-            for block in self.h[:-1] if prune else self.h:
-                x = block(x, kv_caches, metadata)
-        if prune:
-            x = self.h[-1](x, kv_caches, metadata, output_rows)
+        x = run_layers(self.stack, self.h, x, kv_caches, metadata, output_rows)
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

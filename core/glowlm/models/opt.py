@@ -21,7 +21,7 @@ from glowlm.layers.linear import (
     RowParallelLinear,
 )
 from glowlm.layers.norm import LayerNorm
-from glowlm.models.base import CausalLM, prune_rows
+from glowlm.models.base import CausalLM, prune_rows, run_layers
 from glowlm.ops.fused import LnDecoderWeights
 
 POSITION_OFFSET = 2  # OPT reserves the first two rows of its position table
@@ -123,15 +123,7 @@ class OPTForCausalLM(CausalLM):
         if self.project_in is not None:
             x = self.project_in(x)
         x = x + self.embed_positions(positions + POSITION_OFFSET)
-        prune = output_rows is not None
-        out = self.stack(x, kv_caches=kv_caches, metadata=metadata, skip_last=prune)
-        if out is not None:  # every layer (but the last when pruning) at once
-            x = out
-        else:
-            for layer in self.layers[:-1] if prune else self.layers:
-                x = layer(x, kv_caches, metadata)
-        if prune:
-            x = self.layers[-1](x, kv_caches, metadata, output_rows)
+        x = run_layers(self.stack, self.layers, x, kv_caches, metadata, output_rows)
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
         if self.project_out is not None:
