@@ -14,7 +14,11 @@ A platform may also offer a *stack* op: every layer of the model in one call, so
 the per-layer call itself (a Python frame and a few dozen arguments to parse, each
 costing tens of microseconds when cold) is paid once per step rather than once
 per layer. A model uses it only when every one of its layers has the fused op; it
-may decline with ``None`` as well, and then the layers run one by one.
+may decline with ``None`` as well, and then the layers run one by one. In a prefill
+the model passes all but its last layer (which it then runs on the sampled rows
+only, :meth:`glowlm.models.base.CausalLM.forward`), so a stack op takes whatever
+consecutive run of layers it is given; the model keeps both lists for its lifetime,
+and a platform may key per-list caches on their identity.
 """
 
 from __future__ import annotations
@@ -58,8 +62,9 @@ class LnDecoderWeights:
 LnDecoderLayerFn = Callable[[torch.Tensor, LnDecoderWeights, torch.Tensor, AttentionMetadata,
                              AttentionLayerSpec], "torch.Tensor | None"]
 
-#: ``fn(x, layers, kv_caches, metadata, spec) -> output or None``: the layers in order,
-#: ``kv_caches[i]`` is layer ``i``'s cache; ``spec`` is the (common) attention spec.
+#: ``fn(x, layers, kv_caches, metadata, spec) -> output or None``: the layers in order
+#: (all of the model's, or all but the last), ``kv_caches[i]`` is ``layers[i]``'s cache;
+#: ``spec`` is the (common) attention spec.
 LnDecoderStackFn = Callable[[torch.Tensor, Sequence[LnDecoderWeights], Sequence[torch.Tensor],
                              AttentionMetadata, AttentionLayerSpec], "torch.Tensor | None"]
 
