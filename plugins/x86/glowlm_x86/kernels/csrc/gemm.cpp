@@ -41,6 +41,7 @@ constexpr int64_t kKC = 256;               // K block
 constexpr int64_t kNB = 8 * kGemmNR;       // weight rows per work item
 constexpr int64_t kMC = 256;               // token rows per work item
 static_assert(kMC % kP == 0, "token chunks hold whole panels");
+constexpr int64_t kFewPanels = 2;          // up to this many panels: few_panels()
 
 // ct[n, 0:V*W] (+)= sum_k wf[n, k] * xp[k, 0:V*W] for NR weight rows (wf rows ldw apart).
 template <int NR, int V>
@@ -99,24 +100,61 @@ void pack_activations(const XT* x, int64_t M, int64_t K, float* xp) {
   });
 }
 
+// Prefetches bytes [0, bytes) of rows [0, rows) of w (row stride ldw elements).
+template <typename WT>
+inline void prefetch_rows(const WT* w, int64_t ldw, int64_t rows, int64_t bytes) {
+  constexpr int64_t kLine = 64;
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* row = reinterpret_cast<const char*>(w + r * ldw);
+    for (int64_t b = 0; b < bytes; b += kLine) prefetch(row + b);
+  }
+}
+
 // fp32 copy of weight rows [0, rows), columns [0, kc) (row stride ldw) into out[rows][kc].
 // Each row's next K block (next_kc columns) is prefetched on the way: the hardware
 // prefetchers do not follow 48 short row segments, and without this the next block's
 // conversion waited on DRAM (measured round-robin in one process, llama-1b shapes,
-// bf16, 2 threads: M = 32 111 -> 129 GFLOP/s, M = 128 144 -> 156).
+// bf16, 2 threads: M = 32 111 -> 129 GFLOP/s, M = 128 144 -> 156). A work item's
+// first block is prefetched whole before its conversion (gemm_impl), so its rows'
+// misses overlap instead of coming one row at a time (M = 32: +5-9 %).
 template <typename WT>
 inline void convert_block(const WT* w, int64_t ldw, int64_t rows, int64_t kc, float* out,
                           int64_t next_kc) {
-  constexpr int64_t kLine = 64;
   for (int64_t r = 0; r < rows; ++r) {
     const WT* src = w + r * ldw;
     float* dst = out + r * kc;
-    const char* next = reinterpret_cast<const char*>(src + kc);
-    for (int64_t b = 0; b < next_kc * static_cast<int64_t>(sizeof(WT)); b += kLine)
-      prefetch(next + b);
+    prefetch_rows(src + kc, ldw, 1, next_kc * static_cast<int64_t>(sizeof(WT)));
     int64_t k = 0;
     for (; k + W <= kc; k += W) store(dst + k, load(src + k));
     for (; k < kc; ++k) dst[k] = to_float(src[k]);
+  }
+}
+
+// One K block of a work item with few token panels (batched decode): each kGemmNR-row
+// group is converted just before its tiles run, into a small buffer that stays in L1.
+// Converting the whole block first wrote kNB x kKC floats (48 KiB) that left L1 before
+// the tiles read them, and the conversion's stores missed L1.
+template <typename WT>
+inline void few_panels(const float* xpp, int64_t K, const WT* w, int64_t rows, int64_t kc,
+                       int64_t next_kc, int64_t panels, bool last_half, float* ct,
+                       int64_t ldc, bool accumulate, float* sub) {
+  for (int64_t n = 0; n < rows; n += kGemmNR) {
+    const int64_t nr = std::min<int64_t>(kGemmNR, rows - n);
+    convert_block(w + n * K, K, nr, kc, sub, next_kc);
+    for (int64_t p = 0; p < panels; ++p) {
+      const float* x = xpp + p * K * kP;
+      float* c = ct + n * ldc + p * kP;
+      const bool half = p == panels - 1 && last_half;
+      if (nr == kGemmNR) {
+        if (half) tile<kGemmNR, 1>(x, sub, kc, kc, c, ldc, accumulate);
+        else tile<kGemmNR, 2>(x, sub, kc, kc, c, ldc, accumulate);
+      } else {
+        for (int64_t r = 0; r < nr; ++r) {
+          if (half) tile<1, 1>(x, sub + r * kc, kc, kc, c + r * ldc, ldc, accumulate);
+          else tile<1, 2>(x, sub + r * kc, kc, kc, c + r * ldc, ldc, accumulate);
+        }
+      }
+    }
   }
 }
 
@@ -143,8 +181,16 @@ void gemm_impl(const float* xp, int64_t M, int64_t K, const WT* w, const float* 
         wf = w + n0 * K + k0;  // fp32 weights are used in place
         ldw = K;
       } else {
+        const int64_t next_kc = std::min(kKC, K - k0 - kc);
+        if (k0 == 0) prefetch_rows(w + n0 * K, K, rows, kc * static_cast<int64_t>(sizeof(WT)));
+        if (panels <= kFewPanels) {
+          wbuf.resize(kGemmNR * kKC);
+          few_panels(xp + p0 * K * kP + k0 * kP, K, w + n0 * K + k0, rows, kc, next_kc, panels,
+                     last_half, ctile.data(), ldc, k0 > 0, wbuf.data());
+          continue;
+        }
         wbuf.resize(kNB * kKC);
-        convert_block(w + n0 * K + k0, K, rows, kc, wbuf.data(), std::min(kKC, K - k0 - kc));
+        convert_block(w + n0 * K + k0, K, rows, kc, wbuf.data(), next_kc);
         wf = wbuf.data();
         ldw = kc;
       }
