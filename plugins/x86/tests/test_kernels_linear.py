@@ -46,12 +46,13 @@ def test_gemv(dtype: torch.dtype, m: int, n: int, k: int, bias: bool) -> None:
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
-@pytest.mark.parametrize("m", [5, 6, 8, 33, 130, 530])
+@pytest.mark.parametrize("m", [5, 6, 8, 20, 32, 33, 130, 530])
 @pytest.mark.parametrize("n,k", [(1, 16), (3, 13), (7, 100), (50, 1030), (97, 2049), (130, 256)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemm(dtype: torch.dtype, m: int, n: int, k: int, bias: bool) -> None:
-    """Row counts around the register tile, token counts past the 256-token work item,
-    and K around the 256-wide block and lane groups."""
+    """Row counts around the register tile; token counts in one or two panels (the
+    few-panel path), more, and past the 256-token work item; K around the 256-wide
+    block and lane groups."""
     x, w, b, want = _case(m, n, k, dtype, bias)
     torch.testing.assert_close(ops.gemm(x, w, b), want, **TOL[dtype])
 

@@ -144,15 +144,10 @@ inline void few_panels(const float* xpp, int64_t K, const WT* w, int64_t rows, i
     for (int64_t p = 0; p < panels; ++p) {
       const float* x = xpp + p * K * kP;
       float* c = ct + n * ldc + p * kP;
-      const bool half = p == panels - 1 && last_half;
-      if (nr == kGemmNR) {
-        if (half) tile<kGemmNR, 1>(x, sub, kc, kc, c, ldc, accumulate);
-        else tile<kGemmNR, 2>(x, sub, kc, kc, c, ldc, accumulate);
+      if (p == panels - 1 && last_half) {
+        panel<1>(x, sub, kc, nr, kc, c, ldc, accumulate);
       } else {
-        for (int64_t r = 0; r < nr; ++r) {
-          if (half) tile<1, 1>(x, sub + r * kc, kc, kc, c + r * ldc, ldc, accumulate);
-          else tile<1, 2>(x, sub + r * kc, kc, kc, c + r * ldc, ldc, accumulate);
-        }
+        panel<2>(x, sub, kc, nr, kc, c, ldc, accumulate);
       }
     }
   }
