@@ -42,12 +42,6 @@ struct Geometry {
   float scale;  // applied to q.k here, so the query needs no scaled copy
 };
 
-// Prefetch [p, p + bytes) into L1, one hint per cache line.
-inline void prefetch_rows(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t i = 0; i < bytes; i += 64) prefetch(c + i);
-}
-
 template <typename C>
 const float* block_as_float(const C* src, int64_t n, float* scratch) {
   if constexpr (std::is_same_v<C, float>) {
@@ -93,7 +87,7 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
       float block_max = kNegInf;
       int64_t t = 0;
       for (; t + W <= nr; t += W) {  // W keys at once: W accumulators, one transposed sum
-        if (in_cache && r == 0) prefetch_rows(vf + t * hs, W * hs * elem);
+        if (in_cache && r == 0) prefetch_range(vf + t * hs, W * hs * elem);
         VecF d[W];
         GLOWLM_UNROLL for (int j = 0; j < W; ++j) d[j] = zero();
         for (int v = 0; v < nv; ++v) {
@@ -134,7 +128,7 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
         VecF av[8];
         for (int j = 0; j < cnt; ++j) av[j] = mul(load(a + (v0 + j) * W), valpha);
         for (int64_t tt = 0; tt < nr; ++tt) {
-          if (r == 0 && v0 == 0 && next_k) prefetch_rows(next_k + tt * hs, hs * sizeof(C));
+          if (r == 0 && v0 == 0 && next_k) prefetch_range(next_k + tt * hs, hs * sizeof(C));
           VecF p = set1(s[tt]);
           const auto* vr = vf + tt * hs + v0 * W;
           for (int j = 0; j < cnt; ++j) av[j] = fmadd(p, load(vr + j * W), av[j]);

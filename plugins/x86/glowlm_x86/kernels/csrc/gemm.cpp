@@ -103,11 +103,7 @@ void pack_activations(const XT* x, int64_t M, int64_t K, float* xp) {
 // Prefetches bytes [0, bytes) of rows [0, rows) of w (row stride ldw elements).
 template <typename WT>
 inline void prefetch_rows(const WT* w, int64_t ldw, int64_t rows, int64_t bytes) {
-  constexpr int64_t kLine = 64;
-  for (int64_t r = 0; r < rows; ++r) {
-    const char* row = reinterpret_cast<const char*>(w + r * ldw);
-    for (int64_t b = 0; b < bytes; b += kLine) prefetch(row + b);
-  }
+  for (int64_t r = 0; r < rows; ++r) prefetch_range(w + r * ldw, bytes);
 }
 
 // fp32 copy of weight rows [0, rows), columns [0, kc) (row stride ldw) into out[rows][kc].
@@ -123,7 +119,7 @@ inline void convert_block(const WT* w, int64_t ldw, int64_t rows, int64_t kc, fl
   for (int64_t r = 0; r < rows; ++r) {
     const WT* src = w + r * ldw;
     float* dst = out + r * kc;
-    prefetch_rows(src + kc, ldw, 1, next_kc * static_cast<int64_t>(sizeof(WT)));
+    prefetch_range(src + kc, next_kc * static_cast<int64_t>(sizeof(WT)));
     int64_t k = 0;
     for (; k + W <= kc; k += W) store(dst + k, load(src + k));
     for (; k < kc; ++k) dst[k] = to_float(src[k]);

@@ -45,6 +45,12 @@ inline T from_float(float x) { return static_cast<T>(x); }
 // past the end of a buffer). Portable to every ISA the compiler targets.
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
+// Prefetch [p, p + bytes) into L1, one hint per 64-byte cache line.
+inline void prefetch_range(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) prefetch(c + i);
+}
+
 // Helpers built on exp, shared by every ISA.
 inline VecF sigmoid(VecF x) {
   // 1 / (1 + exp(-x)); exp saturates to inf for x << 0, giving 0.
