@@ -29,6 +29,9 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
+    "GLOWLM_KERNEL_ISA": ("", "pin a plugin's kernel ISA (x86: avx512, avx2, or portable, "
+                              "the plain-C++ porting reference); default: the best the CPU "
+                              "runs"),
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
                                     "a platform's fused layer or stack op"),
     "GLOWLM_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
@@ -48,6 +51,7 @@ class Env:
     preload_applied: str
     kernel_cache: str
     disable_kernels: bool
+    kernel_isa: str | None  # None: the plugin picks the best its CPU runs
     no_fused_layers: bool
     log_level: str
 
@@ -108,6 +112,7 @@ def parse(environ: Mapping[str, str]) -> Env:
         preload_applied=raw("GLOWLM_PRELOAD_APPLIED").strip(),
         kernel_cache=os.path.expanduser(raw("GLOWLM_KERNEL_CACHE")),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
+        kernel_isa=raw("GLOWLM_KERNEL_ISA").strip().lower() or None,
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),
         log_level=level,
     )

@@ -106,11 +106,13 @@ class X86Platform(Platform):
 
         Checked against the CPU this process runs on (not the host the platform
         was built for, which tests replay from recordings), so AVX-512 code is
-        never loaded on an AVX2-only CPU.
+        never loaded on an AVX2-only CPU. ``GLOWLM_KERNEL_ISA`` pins one (an error
+        if this CPU cannot run it).
         """
         from glowlm_x86.kernels import cpu_isa
 
-        return cpu_isa(host_info.live(), allow_avx512=self.capabilities.isa == "avx512")
+        return cpu_isa(host_info.live(), allow_avx512=self.capabilities.isa == "avx512",
+                       requested=envs.get().kernel_isa)
 
     def kernels(self) -> KernelLibrary | None:
         """The loaded kernel module, built on first use; ``None`` means reference kernels."""

@@ -81,3 +81,50 @@ def test_kernel_isa_follows_the_live_cpu_not_the_recorded_host(
     assert platform.kernel_isa() == "avx512"
     avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
     assert avx2_platform.kernel_isa() == "avx2"  # an AVX2 platform never picks AVX-512
+
+
+def test_kernel_isa_request_is_honoured_only_where_the_cpu_runs_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from glowlm.errors import ConfigError
+    from glowlm.platforms import host as host_info
+    from glowlm_x86.platform import X86Platform
+
+    skylake = host_info.from_dump(HOSTS / "x86_64-skylake-xeon-8124m.cpuinfo")
+    zen3 = host_info.from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
+    avx512_platform = X86Platform(skylake, X86Platform.detect(skylake))
+    avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
+    monkeypatch.setattr(host_info, "live", lambda: skylake)
+    for isa in ("avx512", "avx2", "portable"):
+        monkeypatch.setenv("GLOWLM_KERNEL_ISA", isa.upper())
+        assert avx512_platform.kernel_isa() == isa
+    with pytest.raises(ConfigError, match="runs the AVX2 platform"):
+        monkeypatch.setenv("GLOWLM_KERNEL_ISA", "avx512")
+        avx2_platform.kernel_isa()
+    monkeypatch.setattr(host_info, "live", lambda: zen3)
+    with pytest.raises(ConfigError, match="lacks avx512f, avx512bw, avx512vl"):
+        avx512_platform.kernel_isa()
+    monkeypatch.setenv("GLOWLM_KERNEL_ISA", "sse4")
+    with pytest.raises(ConfigError, match="built for avx2, avx512, portable"):
+        avx2_platform.kernel_isa()
+
+
+CONTRACT_SUITE = ("test_kernels.py", "test_kernels_linear.py", "test_kernels_attention.py",
+                  "test_kernels_fused.py", "test_engine_parity.py")
+
+
+def test_portable_vector_header_passes_the_contract_suite() -> None:
+    # The kernels built on vec_portable.h (no intrinsics) pass the same tests as the
+    # AVX2/AVX-512 builds: the proof that a port needs only a new vector header. A
+    # separate process: one process registers one kernel module. ~2 min to build once.
+    from glowlm import envs
+
+    if envs.get().disable_kernels or build._compiler() is None:
+        pytest.skip("compiled kernels disabled or no C++ compiler")
+    here = Path(__file__).parent
+    env = {**os.environ, "GLOWLM_KERNEL_ISA": "portable"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+         *(str(here / t) for t in CONTRACT_SUITE)],
+        env=env, text=True, capture_output=True, timeout=3600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "skipped" not in out.stdout.splitlines()[-1], out.stdout

@@ -10,19 +10,35 @@
 
 from __future__ import annotations
 
+from glowlm.errors import ConfigError
 from glowlm.platforms.host import HostInfo
 
 from glowlm_x86.kernels.build import ISA_FLAGS, KernelLibrary, load_kernels
 
 #: fp32 lanes per SIMD register for each kernel ISA (head and block sizes must be multiples).
-VECTOR_WIDTH = {"avx2": 8, "avx512": 16}
+VECTOR_WIDTH = {"avx2": 8, "avx512": 16, "portable": 8}
+_FLAGS = {"avx512": ("avx512f", "avx512bw", "avx512vl"), "avx2": ("avx2", "fma", "f16c")}
 
 
-def cpu_isa(cpu: HostInfo, allow_avx512: bool = True) -> str | None:
-    """The best kernel ISA ``cpu`` can execute (AVX-512 needs F, BW and VL), or ``None``."""
-    if allow_avx512 and all(cpu.has_flag(f) for f in ("avx512f", "avx512bw", "avx512vl")):
+def cpu_isa(cpu: HostInfo, allow_avx512: bool = True, requested: str | None = None) -> str | None:
+    """The kernel ISA to load on ``cpu``: ``requested`` (``GLOWLM_KERNEL_ISA``) if given,
+    else the best it executes (AVX-512 needs F, BW and VL); ``None`` if it runs neither.
+
+    A request the CPU cannot execute is a :class:`ConfigError`, never a crash on an
+    illegal instruction; ``portable`` runs on any CPU.
+    """
+    if requested is not None:
+        if requested not in ISA_FLAGS:
+            raise ConfigError(f"GLOWLM_KERNEL_ISA={requested!r}: the x86 kernels are built "
+                              f"for {', '.join(ISA_FLAGS)}")
+        missing = [f for f in _FLAGS.get(requested, ()) if not cpu.has_flag(f)]
+        if missing or (requested == "avx512" and not allow_avx512):
+            why = f"lacks {', '.join(missing)}" if missing else "runs the AVX2 platform"
+            raise ConfigError(f"GLOWLM_KERNEL_ISA={requested}: this CPU {why}")
+        return requested
+    if allow_avx512 and all(cpu.has_flag(f) for f in _FLAGS["avx512"]):
         return "avx512"
-    if all(cpu.has_flag(f) for f in ("avx2", "fma", "f16c")):
+    if all(cpu.has_flag(f) for f in _FLAGS["avx2"]):
         return "avx2"
     return None
 

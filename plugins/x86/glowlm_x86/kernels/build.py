@@ -37,6 +37,9 @@ COMMON_FLAGS = ("-O3", "-fopenmp", "-DNDEBUG")
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"),
+    # vec_portable.h: GCC vector extensions for the compiler's baseline target. Proves
+    # the kernels need only vec.h's names; a port to another ISA starts from it.
+    "portable": ("-DGLOWLM_VEC_PORTABLE",),
 }
 #: Rough first-build time on a busy 2-vCPU machine with MAX_JOBS=1 (shown to the user).
 EXPECTED_BUILD_SECONDS = 240

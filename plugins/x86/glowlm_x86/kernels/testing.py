@@ -14,7 +14,7 @@ def require_kernels() -> KernelLibrary:
     env = envs.get()
     if env.disable_kernels:
         pytest.skip("GLOWLM_DISABLE_KERNELS=1: compiled kernels disabled")
-    isa = cpu_isa(live())
+    isa = cpu_isa(live(), requested=env.kernel_isa)
     if isa is None:
         pytest.skip("this CPU has neither AVX-512 (F/BW/VL) nor AVX2+FMA+F16C")
     library = load(isa, env.kernel_cache)

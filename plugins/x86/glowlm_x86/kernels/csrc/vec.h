@@ -4,9 +4,10 @@
 // functions below; the ISA header is picked by the compiler flags of the build
 // (each ISA is a separate extension module, so an AVX2-only CPU never loads
 // AVX-512 code). Another ISA (Arm NEON, s390x VXE) adds its own header with the
-// same names. Every load converts from the storage dtype (float, bf16, fp16) to
-// fp32 in registers and every store rounds back (round-to-nearest-even), so the
-// kernels do all math in fp32 whatever the tensor dtype.
+// same names, starting from vec_portable.h (GCC vector extensions, any target; built
+// with -DGLOWLM_VEC_PORTABLE). Every load converts from the storage dtype (float,
+// bf16, fp16) to fp32 in registers and every store rounds back (round-to-nearest-
+// even), so the kernels do all math in fp32 whatever the tensor dtype.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -16,12 +17,14 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#if defined(GLOWLM_VEC_PORTABLE)
+#include "vec_portable.h"
+#elif defined(__AVX512F__)
 #include "vec_avx512.h"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "vec_avx2.h"
 #else
-#error "glowlm-x86 kernels need AVX2+FMA+F16C or AVX-512 (build with -mavx2 -mfma -mf16c)"
+#error "glowlm-x86 kernels need AVX2+FMA+F16C, AVX-512, or -DGLOWLM_VEC_PORTABLE"
 #endif
 
 // Register tiles are arrays indexed by loop counters (VecF acc[MR][NR]). GCC keeps such
