@@ -13,6 +13,7 @@ from glowlm.sampling.sampler import (
     apply_min_p,
     apply_penalties,
     apply_top_k_top_p,
+    argmax_rows,
     sample,
     seeded_exponential,
 )
@@ -129,3 +130,16 @@ def test_min_tokens_above_max_tokens_is_refused():
 
 def test_logprob_sanity():
     assert math.isclose(sum(torch.tensor([0.2, 0.8]).log().exp().tolist()), 1.0)
+
+
+def test_argmax_rows_matches_torch_on_ties_nan_and_inf() -> None:
+    x = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0))
+    x[1, 7] = x[1, 900] = 100.0                    # tie: the first index wins
+    x[2, 3] = float("nan")                         # NaN wins, as in torch
+    x[3] = float("-inf")                           # all masked: index 0
+    x[4, 10:] = float("-inf")
+    got = argmax_rows(x)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, x.argmax(dim=-1))
+    assert torch.equal(argmax_rows(x[:, ::2]), x[:, ::2].argmax(dim=-1))  # strided: torch
+    assert argmax_rows(x[:0]).shape == (0,)

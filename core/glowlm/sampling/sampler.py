@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
@@ -90,6 +91,18 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax of a ``[R, vocab]`` tensor, as int64.
+
+    numpy's SIMD loop, not torch's: torch's CPU argmax reduction runs ~2 ns per
+    element (59 us for a 32000-token row, 0.6 ms for 32 rows, every decode step);
+    numpy's takes 7 and 83 us. Same rule for ties (first index) and NaN (first NaN).
+    """
+    if x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous():
+        return torch.from_numpy(x.numpy().argmax(axis=1).astype(np.int64, copy=False))
+    return x.argmax(dim=-1)
+
+
 def _counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
     counts = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.float32)
     counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
@@ -147,7 +160,7 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         banned = torch.zeros(logits.shape[0], logits.shape[1] + 1, dtype=torch.bool)
         banned.scatter_(1, b.banned_ids, True)
         logits.masked_fill_(banned[:, :-1], float("-inf"))
-    greedy_ids = logits.argmax(dim=-1)
+    greedy_ids = argmax_rows(logits)
     if b.all_greedy:
         token_ids = greedy_ids
     else:
@@ -162,7 +175,7 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         if b.seeded is not None and b.noise_keys is not None and bool(b.seeded.any()):
             rows = b.seeded.nonzero().squeeze(1)
             noise[rows] = seeded_exponential(b.noise_keys[rows], probs.shape[1])
-        sampled = (probs / noise).argmax(dim=-1)
+        sampled = argmax_rows(probs / noise)
         token_ids = torch.where(b.temperature > 0, sampled, greedy_ids)
     out = SamplerOutput(token_ids)
     if b.max_logprobs >= 0:
