@@ -80,6 +80,6 @@ class EngineConfig:
             raise ConfigError("--max-model-len must be >= 1")
         if self.tensor_parallel_size != 1 or self.pipeline_parallel_size != 1:
             raise ConfigError("tensor and pipeline parallelism are not available yet; "
-                              "use --tensor-parallel-size 1 --pipeline-parallel-size 1")
+                              "use tensor_parallel_size=1 and pipeline_parallel_size=1")
         if self.kv_cache_space_gib is not None and self.kv_cache_space_gib <= 0:
             raise ConfigError("the KV cache space must be > 0 GiB")

@@ -45,8 +45,8 @@ def test_too_big_kv_cache_stops_glowlm_llm_before_weights_load(
         glowlm.LLM(str(tiny), show_progress=False)
     msg = str(err.value)
     assert "KV cache 64.00 GiB (GLOWLM_CPU_KVCACHE_SPACE=64)" in msg
-    assert "GLOWLM_CPU_KVCACHE_SPACE to at most" in msg and "--tensor-parallel-size" in msg
-    assert "quantized checkpoint" in msg and "largest --max-model-len is 1024" in msg
+    assert "GLOWLM_CPU_KVCACHE_SPACE to at most" in msg and "parallel" not in msg
+    assert "--dtype bfloat16" in msg and "largest --max-model-len is 1024" in msg
 
 
 def test_numbers_add_up_and_largest_max_model_len(tiny: Path) -> None:

@@ -106,7 +106,7 @@ def _auto(topo: Topology, num_ranks: int, reserved: int) -> tuple[list[list[Core
     if num_ranks < len(nodes):
         notes.append(f"{len(nodes)} NUMA nodes but {num_ranks} rank(s): nodes "
                      f"{','.join(map(str, sorted(set(nodes) - set(rank_node))))} stay idle; "
-                     f"--tensor-parallel-size {len(nodes)} would use them")
+                     f"one rank per node needs tensor parallelism, not available yet")
     per_rank: list[list[Core]] = []
     for node in dict.fromkeys(rank_node):
         sharing = rank_node.count(node)

@@ -212,7 +212,10 @@ def rank_node(world_size: int = 1, serving: bool = False) -> tuple[Any, int | No
 
 def _fits_message(plan: MemoryPlan, config: Any, dtype: torch.dtype, world: int,
                   model_limit: int, quantized: bool) -> str:
-    smaller = "a smaller model" if quantized else "a quantized checkpoint (AWQ/GPTQ 4-bit, INT8)"
+    # Quantized checkpoints and more ranks (tensor parallelism) are not available yet,
+    # so they are not offered; halving fp32 weights is.
+    smaller = ("--dtype bfloat16 (half the weight bytes) or a smaller model"
+               if dtype == torch.float32 and not quantized else "a smaller model")
     spare = plan.available_bytes - plan.weights_bytes - plan.activation_bytes \
         - plan.headroom_bytes
     kv_src = ("auto" if plan.kv_auto
@@ -225,14 +228,12 @@ def _fits_message(plan: MemoryPlan, config: Any, dtype: torch.dtype, world: int,
             f"({plan.available_source}).")
     if spare < plan.kv_bytes_per_token * config.block_size:
         return (f"{head} Weights and activations alone leave no room for a KV cache: no "
-                f"--max-model-len fits. Change: use {smaller}, more ranks "
-                f"(--tensor-parallel-size, one per NUMA node), or a machine with more memory.")
+                f"--max-model-len fits. Change: use {smaller}, or a machine with more memory.")
     tokens = spare // plan.kv_bytes_per_token // config.block_size * config.block_size
     capped = ", the model's own limit" if tokens >= model_limit else ""
     tokens = min(tokens, model_limit)
     return (f"{head} Change one of: GLOWLM_CPU_KVCACHE_SPACE to at most "
-            f"{int(spare / GIB * 100) / 100:g} GiB (or 'auto'); more ranks "
-            f"(--tensor-parallel-size, one per NUMA node); {smaller}. With the KV cache cut "
+            f"{int(spare / GIB * 100) / 100:g} GiB (or 'auto'); {smaller}. With the KV cache cut "
             f"to fit, the largest --max-model-len is {tokens} tokens{capped} (KV cache "
             f"{fmt_bytes(tokens * plan.kv_bytes_per_token)}).")
 

@@ -1,4 +1,4 @@
-"""Compile the x86 kernels once per (source hash, ISA, torch version) and load them.
+"""Compile the x86 kernels once per (source hash, ISA, torch and Python version); load them.
 
 The compiled module is a plain shared library whose ``TORCH_LIBRARY`` block
 registers the ``torch.ops.glowlm_x86`` operators when it is loaded. There is one
@@ -59,7 +59,7 @@ _loaded: dict[str, KernelLibrary | None] = {}
 
 
 def source_hash(isa: str) -> str:
-    """Hash of every C++ source and header, the ISA flags and the torch version."""
+    """Hash of every C++ source and header, the flags, and the torch and Python versions."""
     h = hashlib.sha256()
     for path in sorted(CSRC.iterdir()):
         if path.suffix in (".cpp", ".h"):

@@ -3,7 +3,7 @@
 // Decode is bound by memory bandwidth: every weight byte must be read once per
 // step and no more. `gemv` converts bf16/fp16 to fp32 in registers and multiplies
 // each weight row with every token row while it is in L1 (fp32 accumulate). Output
-// rows are split across threads in chunks of 64, so each thread streams its own
+// rows are split across threads in chunks (64 long or 128 short rows), so each thread streams its own
 // slice of the weight.
 //
 // How rows are walked: each thread's chunk of rows is read as a few sequential
@@ -18,7 +18,8 @@
 // short-row stream also prefetches kPrefetchBytes ahead in software: the hardware
 // prefetchers stop at every 4 KiB page boundary and the rows are too short for them to
 // ramp up again (+12-15 %; further ahead was slower; on long rows prefetching made
-// them slower, so they do not). Figures: C++ microbenchmarks, the models' matrices in
+// them slower, so they do not; the few leftover rows of a chunk, run one at a time,
+// do). Figures: C++ microbenchmarks, the models' matrices in
 // 2 MiB pages, configurations round-robin in one process (docs/performance.md).
 #include <ATen/Parallel.h>
 

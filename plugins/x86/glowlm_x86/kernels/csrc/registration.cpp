@@ -1,7 +1,7 @@
 // The operator schemas (declared once) and their CPU implementations.
 //
-// The same schemas are declared by the AVX2 and the AVX-512 module; a process
-// loads exactly one of them. Fake (meta) implementations live in Python
+// The same schemas are declared by each ISA's module (avx2, avx512, portable); a
+// process loads exactly one of them. Fake (meta) implementations live in Python
 // (glowlm_x86/kernels/ops.py) so torch.compile can trace these ops.
 #include "ops.h"
 

@@ -74,7 +74,7 @@ inline float reduce_max(VecF a) {
   return _mm_cvtss_f32(s);
 }
 
-// exp(x) for fp32: range reduction x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial
+// exp(x) for fp32: range reduction x = n ln2 + r, |r| <= ln2/2, a 6-coefficient polynomial
 // (Cephes expf coefficients, ~1 ulp), then scale by 2^n through the exponent bits.
 inline VecF exp(VecF x) {
   __m256 v = _mm256_min_ps(_mm256_max_ps(x.v, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
