@@ -81,6 +81,20 @@ inline void panel(const float* xp, const float* wf, int64_t ldw, int64_t rows, i
   for (; n < rows; ++n) tile<1, V>(xp, wf + n * ldw, ldw, kc, ct + n * ldc, ldc, accumulate);
 }
 
+// Rows [0, rows) of a weight block against `panels` token panels (x: the first panel's
+// K block; panels are K * kP floats apart); the last needs one vector if last_half.
+inline void panels_of(const float* x, int64_t K, const float* wf, int64_t ldw, int64_t rows,
+                      int64_t kc, int64_t panels, bool last_half, float* ct, int64_t ldc,
+                      bool accumulate) {
+  for (int64_t p = 0; p < panels; ++p) {
+    if (p == panels - 1 && last_half) {
+      panel<1>(x + p * K * kP, wf, ldw, rows, kc, ct + p * kP, ldc, accumulate);
+    } else {
+      panel<2>(x + p * K * kP, wf, ldw, rows, kc, ct + p * kP, ldc, accumulate);
+    }
+  }
+}
+
 // xp[p][k][P] = x[p * P + i][k] (zero past M).
 template <typename XT>
 void pack_activations(const XT* x, int64_t M, int64_t K, float* xp) {
@@ -137,15 +151,7 @@ inline void few_panels(const float* xpp, int64_t K, const WT* w, int64_t rows, i
   for (int64_t n = 0; n < rows; n += kGemmNR) {
     const int64_t nr = std::min<int64_t>(kGemmNR, rows - n);
     convert_block(w + n * K, K, nr, kc, sub, next_kc);
-    for (int64_t p = 0; p < panels; ++p) {
-      const float* x = xpp + p * K * kP;
-      float* c = ct + n * ldc + p * kP;
-      if (p == panels - 1 && last_half) {
-        panel<1>(x, sub, kc, nr, kc, c, ldc, accumulate);
-      } else {
-        panel<2>(x, sub, kc, nr, kc, c, ldc, accumulate);
-      }
-    }
+    panels_of(xpp, K, sub, kc, nr, kc, panels, last_half, ct + n * ldc, ldc, accumulate);
   }
 }
 
@@ -185,15 +191,8 @@ void gemm_impl(const float* xp, int64_t M, int64_t K, const WT* w, const float* 
         wf = wbuf.data();
         ldw = kc;
       }
-      for (int64_t p = 0; p < panels; ++p) {
-        const float* xpp = xp + (p0 + p) * K * kP + k0 * kP;
-        float* ct = ctile.data() + p * kP;
-        if (p == panels - 1 && last_half) {
-          panel<1>(xpp, wf, ldw, rows, kc, ct, ldc, k0 > 0);
-        } else {
-          panel<2>(xpp, wf, ldw, rows, kc, ct, ldc, k0 > 0);
-        }
-      }
+      panels_of(xp + p0 * K * kP + k0 * kP, K, wf, ldw, rows, kc, panels, last_half,
+                ctile.data(), ldc, k0 > 0);
     }
     for (int64_t m = 0; m < mc; ++m) {
       OT* out = y + (m0 + m) * N + n0;
