@@ -223,10 +223,26 @@ def apply_for_process(num_ranks: int = 1, rank: int = 0, serving: bool = False
     topo = topology.read()
     p = plan(topo, env.omp_threads_bind, env.num_reserved_cpus,
              num_ranks=num_ranks, rank=rank, serving=serving)
-    notes = pinning.apply(p.this.cpus, p.this.node)
+    if p.this.cpus and not topology.has_affinity():
+        notes = [_threads_only(len(p.this.cpus))]
+    else:
+        notes = pinning.apply(p.this.cpus, p.this.node)
     busy = busy_note(os.getloadavg()[0], len(topo.allowed), p)
     _APPLIED = replace(p, applied=tuple(notes + ([busy] if busy else [])))
     return _APPLIED
+
+
+def _threads_only(threads: int) -> str:
+    """macOS and other hosts without ``sched_setaffinity``: set the thread count only.
+
+    The OS schedules the threads itself (macOS offers only affinity *hints* between
+    threads, not CPU sets), and there is no NUMA policy to apply.
+    """
+    import torch
+
+    torch.set_num_threads(threads)
+    return (f"{threads} OpenMP threads, not pinned: this OS has no sched_setaffinity "
+            "(macOS); memory policy left alone")
 
 
 def busy_note(load: float, allowed: int, p: BindingPlan) -> str | None:

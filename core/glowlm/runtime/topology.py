@@ -11,6 +11,10 @@ stays right on multi-die packages and hybrid CPUs where ``core_id`` repeats.
 The CPUs this process may use are ``os.sched_getaffinity`` intersected with the
 cgroup's cpuset; a cgroup CPU quota (``docker --cpus``) is kept as a number,
 because it limits how many threads can run without limiting which CPUs.
+
+Hosts without sysfs or ``sched_getaffinity`` (macOS) get a degraded but usable
+topology: ``os.cpu_count()`` CPUs, each its own core, one node, no cgroup, every CPU
+allowed (:func:`has_affinity` says whether binding can be applied at all).
 """
 
 from __future__ import annotations
@@ -235,6 +239,27 @@ def read_cgroup(sys_root: Path, proc_self_cgroup: str | None) -> Cgroup:
     return Cgroup(1, parse_cpulist(cpuset_raw) if cpuset_raw else None, quota, limit, used)
 
 
+def has_affinity() -> bool:
+    """Whether this OS lets a process read and set its CPU affinity (Linux; not macOS)."""
+    return hasattr(os, "sched_getaffinity") and hasattr(os, "sched_setaffinity")
+
+
+def _sysfs_present(root: Path) -> bool:
+    return (root / "devices/system/cpu").is_dir()
+
+
+def _without_sysfs() -> Topology:
+    """The live topology of a host with no ``/sys`` (macOS): CPUs known by count only.
+
+    Physical cores and SMT siblings cannot be told apart without sysfs, so every
+    logical CPU is its own core; the binding plan is then only a thread count.
+    """
+    cpus = tuple(range(os.cpu_count() or 1))
+    allowed = tuple(sorted(os.sched_getaffinity(0))) if has_affinity() else cpus
+    return Topology(cpus, allowed, tuple(Core(0, 0, (c,)) for c in cpus),
+                    (Node(0, cpus, 0, 0, (10,)),), Cgroup(), "os.cpu_count (no sysfs)")
+
+
 def read(sys_root: str | os.PathLike[str] = "/sys", allowed: set[int] | None = None,
          proc_self_cgroup: str | None = None) -> Topology:
     """The topology under ``sys_root``, and the CPUs this process may use there.
@@ -246,6 +271,8 @@ def read(sys_root: str | os.PathLike[str] = "/sys", allowed: set[int] | None = N
     """
     root = Path(sys_root)
     live = root == Path("/sys")
+    if live and not _sysfs_present(root):
+        return _without_sysfs()
     online_raw = _text(root / "devices/system/cpu/online")
     if online_raw:
         online = parse_cpulist(online_raw)
@@ -258,7 +285,7 @@ def read(sys_root: str | os.PathLike[str] = "/sys", allowed: set[int] | None = N
         proc_self_cgroup = _text(Path("/proc/self/cgroup"))
     cgroup = read_cgroup(root, proc_self_cgroup)
     if allowed is None:
-        allowed = set(os.sched_getaffinity(0)) if live else set(online)
+        allowed = set(os.sched_getaffinity(0)) if live and has_affinity() else set(online)
     usable = set(allowed) & set(online)
     if cgroup.cpuset is not None:
         usable &= set(cgroup.cpuset)
