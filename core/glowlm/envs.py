@@ -8,19 +8,23 @@ values raise :class:`~glowlm.errors.ConfigError` naming the variable.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from glowlm.errors import ConfigError
 
-#: name -> (default, meaning); the source of the env-var table in docs/configuration.md.
+T = TypeVar("T")
+
+#: Core's own variables: name -> (default, meaning); the source of the core rows of the
+#: env-var table in docs/configuration.md. A plugin's variables are its own: it declares
+#: them as :class:`Setting` objects from its ``glowlm_settings`` hook, never here.
 DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_PLATFORM": ("", "force a platform by name (x86, arm, zen, s390x, apple, generic, ...)"),
     "GLOWLM_PLUGINS_BLOCK": ("", "comma-separated plugin names not to import at all"),
     "GLOWLM_CPU_KVCACHE_SPACE": ("4", "KV cache size in GiB, or 'auto' (a share of free memory)"),
     "GLOWLM_CPU_OMP_THREADS_BIND": ("auto", "'auto', 'nobind', or CPU lists like 0-31|32-63"),
     "GLOWLM_CPU_NUM_OF_RESERVED_CPU": ("", "CPUs left free for the serving front-end"),
-    "GLOWLM_ZENTORCH_WEIGHT_PREPACK": ("1", "Zen: prepack linear weights for ZenDNN at load"),
     "GLOWLM_NO_PRELOAD": ("0", "1: never re-exec with LD_PRELOAD (tcmalloc / Intel OpenMP)"),
     "GLOWLM_NO_HUGE_PAGES": ("0", "1: keep weights in ordinary 4 KiB pages (no "
                                   "MADV_HUGEPAGE copy after loading)"),
@@ -45,7 +49,6 @@ class Env:
     kvcache_space_gib: float | None  # None means 'auto'
     omp_threads_bind: str
     num_reserved_cpus: int | None
-    zentorch_weight_prepack: bool
     no_preload: bool
     no_huge_pages: bool
     preload_applied: str
@@ -104,9 +107,6 @@ def parse(environ: Mapping[str, str]) -> Env:
         kvcache_space_gib=kv_gib,
         omp_threads_bind=bind,
         num_reserved_cpus=reserved,
-        zentorch_weight_prepack=_bool(
-            "GLOWLM_ZENTORCH_WEIGHT_PREPACK", raw("GLOWLM_ZENTORCH_WEIGHT_PREPACK")
-        ),
         no_preload=_bool("GLOWLM_NO_PRELOAD", raw("GLOWLM_NO_PRELOAD")),
         no_huge_pages=_bool("GLOWLM_NO_HUGE_PAGES", raw("GLOWLM_NO_HUGE_PAGES")),
         preload_applied=raw("GLOWLM_PRELOAD_APPLIED").strip(),
@@ -116,6 +116,62 @@ def parse(environ: Mapping[str, str]) -> Env:
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),
         log_level=level,
     )
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    """A :class:`Setting` parser: ``1/true/yes/on`` or ``0/false/no/off/''``."""
+    return _bool(name, raw)
+
+
+def parse_str(name: str, raw: str) -> str | None:
+    """A :class:`Setting` parser: the stripped, lower-cased text, ``None`` when empty."""
+    return raw.strip().lower() or None
+
+
+def parse_int(name: str, raw: str) -> int:
+    """A :class:`Setting` parser: a (signed) integer."""
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+
+def parse_choice(*choices: str) -> Callable[[str, str], str | None]:
+    """A :class:`Setting` parser accepting one of ``choices`` (case-insensitive) or empty."""
+
+    def parse(name: str, raw: str) -> str | None:
+        value = raw.strip().lower() or None
+        if value is not None and value not in choices:
+            raise ConfigError(f"{name}={raw!r}; use one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One environment variable a plugin owns: its name, default, meaning and parser.
+
+    A plugin declares its settings as module-level ``Setting`` objects, returns them
+    from its ``glowlm_settings`` hook (so ``glowlm collect-env``, ``glowlm platforms``
+    and the docs list them beside core's), and reads them with :meth:`get` where it
+    used to read ``os.environ``. ``parse(name, raw)`` turns the text (the default
+    when unset) into the value and raises :class:`~glowlm.errors.ConfigError` naming
+    the variable when the text is bad.
+    """
+
+    name: str
+    default: str
+    help: str
+    parse: Callable[[str, str], T]
+
+    def raw(self, environ: Mapping[str, str] | None = None) -> str:
+        env = os.environ if environ is None else environ
+        return env.get(self.name, self.default)
+
+    def get(self, environ: Mapping[str, str] | None = None) -> T:
+        """The parsed value from ``environ`` (default: the process environment, read now)."""
+        return self.parse(self.name, self.raw(environ))
 
 
 def get() -> Env:

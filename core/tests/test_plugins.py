@@ -206,3 +206,128 @@ def test_core_never_imports_a_plugin_by_name() -> None:
         if re.match(r"\s*(from|import)\s+glowlm_\w+", line)
     ]
     assert offenders == []
+
+
+def test_a_misspelled_hook_is_an_error_naming_the_plugin_and_the_hook(
+        install_plugins: Install, glowlm_logs: pytest.LogCaptureFixture) -> None:
+    install_plugins(good=platform_module("good", 0), typo="""
+        from glowlm.plugins.hookspecs import hookimpl
+
+        @hookimpl
+        def glowlm_platfroms():
+            return []
+    """)
+    typo = next(c for c in gather_candidates(load_plugins(), HOST) if c.name == "typo")
+    assert not typo.matched
+    assert "unknown hook glowlm_platfroms (did you mean glowlm_platforms?)" in typo.reason
+    assert "plugin 'typo'" in glowlm_logs.text
+
+
+def test_an_undecorated_hook_is_an_error_not_a_silent_no_op(install_plugins: Install) -> None:
+    install_plugins(good=platform_module("good", 0), bare="""
+        def glowlm_platforms():
+            return []
+    """)
+    bare = next(c for c in gather_candidates(load_plugins(), HOST) if c.name == "bare")
+    assert "glowlm_platforms is not decorated with @hookimpl" in bare.reason
+
+
+@pytest.mark.parametrize("declared, ok", [("1.0", True), ('"1.0"', True), ("2.0", False),
+                                          ("1.99", False), ("one", False)])
+def test_the_plugin_api_version_is_checked_at_discovery(install_plugins: Install,
+                                                        declared: str, ok: bool) -> None:
+    from glowlm.plugins.hookspecs import PLUGIN_API_VERSION
+
+    assert PLUGIN_API_VERSION == "1.0"
+    value = declared if declared.startswith('"') else repr(declared)
+    install_plugins(good=platform_module("good", 0),
+                    versioned=f"GLOWLM_PLUGIN_API = {value}\n" + platform_module("versioned", 5))
+    cand = next(c for c in gather_candidates(load_plugins(), HOST) if c.plugin == "versioned")
+    assert cand.matched is ok
+    if declared == "2.0":
+        assert cand.reason == (
+            "plugin failed: was built for glowlm plugin API 2.0, but this glowlm provides 1.0: "
+            "install a release of the plugin built for API 1.x, or a glowlm that provides 2.0")
+    elif not ok:
+        assert "plugin API" in cand.reason and "\n" not in cand.reason
+
+
+SETTINGS_PLUGIN = '''
+from glowlm.plugin_api import Setting, hookimpl, parse_int
+
+RANK = Setting("GLOWLM_{tag}_RANK", "7", "rank of the {tag} platform", parse_int)
+
+
+@hookimpl
+def glowlm_settings():
+    return [RANK{extra}]
+'''
+
+
+def test_plugins_declare_their_settings_and_a_name_has_one_owner(
+        install_plugins: Install, monkeypatch: pytest.MonkeyPatch) -> None:
+    from glowlm.errors import ConfigError
+
+    install_plugins(
+        alpha=SETTINGS_PLUGIN.format(tag="ALPHA", extra=""),
+        beta=SETTINGS_PLUGIN.format(tag="BETA", extra=', Setting("GLOWLM_ALPHA_RANK", "", '
+                                    '"dup", str), Setting("NOPREFIX", "", "x", str), 3'))
+    plugins = load_plugins()
+    settings = {s.name: (owner, s) for owner, s in plugins.settings()}
+    assert settings["GLOWLM_ALPHA_RANK"][0] == "alpha"
+    assert settings["GLOWLM_BETA_RANK"][0] == "beta"
+    assert settings["GLOWLM_PLATFORM"][0] == "glowlm"
+    assert "NOPREFIX" not in settings
+    beta = plugins.by_name("beta")
+    assert beta is not None and beta.error
+    monkeypatch.setenv("GLOWLM_ALPHA_RANK", "12")
+    assert settings["GLOWLM_ALPHA_RANK"][1].get() == 12
+    monkeypatch.setenv("GLOWLM_ALPHA_RANK", "twelve")
+    with pytest.raises(ConfigError, match="GLOWLM_ALPHA_RANK='twelve' is not an integer"):
+        settings["GLOWLM_ALPHA_RANK"][1].get()
+
+
+MODELS_PLUGIN = '''
+from glowlm.plugin_api import hookimpl
+
+
+@hookimpl
+def glowlm_models():
+    return {models}
+'''
+
+
+def test_a_plugin_adds_a_model_architecture(install_plugins: Install) -> None:
+    from glowlm.errors import ModelLoadError, PluginError
+    from glowlm.models import registry
+    from glowlm.models.llama import LlamaForCausalLM
+
+    install_plugins(fam=MODELS_PLUGIN.format(
+        models='{"FamForCausalLM": "glowlm.models.llama:LlamaForCausalLM", '
+               '"GoneForCausalLM": "fakeplug_fam_missing:Model"}'))
+    plugins = load_plugins()
+    assert "FamForCausalLM" in registry.supported_architectures(plugins)
+    assert registry.model_class(["FamForCausalLM"], plugins) is LlamaForCausalLM
+    with pytest.raises(ModelLoadError, match="'GoneForCausalLM' \\(from 'fam'\\) cannot be "
+                                             "imported"):
+        registry.model_class(["GoneForCausalLM"], plugins)
+    install_plugins(clash=MODELS_PLUGIN.format(
+        models='{"LlamaForCausalLM": "glowlm.models.llama:LlamaForCausalLM"}'))
+    with pytest.raises(PluginError, match="'LlamaForCausalLM' is provided by both 'glowlm' "
+                                          "and plugin 'clash'"):
+        registry.model_class(["LlamaForCausalLM"], load_plugins())
+
+
+def test_register_model_is_open_and_one_owner_per_architecture(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from glowlm.errors import PluginError
+    from glowlm.models import registry
+    from glowlm.models.opt import OPTForCausalLM
+
+    monkeypatch.setattr(registry, "_REGISTERED", {})
+    registry.register_model("MyOPTForCausalLM", OPTForCausalLM, owner="mine")
+    assert registry.model_class(["MyOPTForCausalLM"]) is OPTForCausalLM
+    with pytest.raises(PluginError, match="provided by both 'glowlm' and 'mine'"):
+        registry.register_model("OPTForCausalLM", OPTForCausalLM, owner="mine")
+    with pytest.raises(PluginError, match="provided by both 'mine' and 'yours'"):
+        registry.register_model("MyOPTForCausalLM", OPTForCausalLM, owner="yours")

@@ -82,8 +82,7 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
     quant = quantization.resolve(info.quantization_config, platform)
     ops = platform.ops()
     if envs.get().no_fused_layers:
-        ops = dataclasses.replace(ops, ln_decoder_layer=None, rms_decoder_layer=None,
-                                  ln_decoder_stack=None, rms_decoder_stack=None)
+        ops = ops.without_fused()
     parts = ModelParts(dtype=dtype, ops=ops,
                        attention_backend=platform.attention_backend(), quant_config=quant,
                        unquantized=platform.unquantized_linear_method())

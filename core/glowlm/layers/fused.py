@@ -9,6 +9,8 @@ import torch
 
 from glowlm.attention.backend import AttentionLayerSpec
 from glowlm.layers.context import ModelParts
+from glowlm.ops.fused import generic_layer_op, generic_stack_op
+from glowlm.ops.table import OpsTable
 
 W = TypeVar("W")
 
@@ -75,3 +77,16 @@ class FusedStack(Generic[W]):
                ) -> list[torch.Tensor]:
         indices = self._indices[:-1] if skip_last else self._indices
         return [kv_caches[i] for i in indices]
+
+
+def decoder_layer_op(ops: OpsTable) -> Callable[..., Any] | None:
+    """The platform's per-layer op for :class:`~glowlm.ops.fused.DecoderLayerWeights`
+    layers: its ``decoder_layer``, else its LayerNorm/RMSNorm layer op through the
+    description's conversion. A model family that fits the description passes this
+    to :class:`FusedLayer` and needs no slot of its own."""
+    return generic_layer_op(ops.ln_decoder_layer, ops.rms_decoder_layer, ops.decoder_layer)
+
+
+def decoder_stack_op(ops: OpsTable) -> Callable[..., Any] | None:
+    """The stack counterpart of :func:`decoder_layer_op`, for :class:`FusedStack`."""
+    return generic_stack_op(ops.ln_decoder_stack, ops.rms_decoder_stack, ops.decoder_stack)

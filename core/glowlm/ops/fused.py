@@ -109,3 +109,179 @@ RmsDecoderStackFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None",
                               Sequence[RmsDecoderWeights], Sequence[torch.Tensor],
                               AttentionMetadata, AttentionLayerSpec],
                              "tuple[torch.Tensor, torch.Tensor] | None"]
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """Rotary positions of a layer: the float32 ``[max_position, rotary_dim]`` table
+    (cos then sin halves), how many features rotate, and the rotation style."""
+
+    cos_sin_cache: torch.Tensor
+    rotary_dim: int
+    is_neox: bool
+
+
+@dataclass(frozen=True)
+class DecoderLayerWeights:
+    """One pre-norm decoder layer described as data, whatever family it comes from.
+
+    ``h = x + o(attn(qkv(norm1(x))))``, ``y = h + down(mlp(norm2(h)))``, where:
+
+    - ``norm`` is ``"layer"`` (LayerNorm, optional biases) or ``"rms"`` (RMSNorm, no
+      biases), with one ``eps`` for both norms;
+    - attention takes ``qkv_weight`` ``[(heads + 2 * kv_heads) * head_size, hidden]``
+      (q, k, v stacked) with an optional bias, optional per-head ``q_norm_weight`` /
+      ``k_norm_weight`` (RMSNorm over each head, before rotary: Qwen3), and ``rotary``
+      (``None`` for learned absolute positions, added before the layers);
+    - ``mlp`` is ``"gated"`` (``up_weight`` holds gate and up stacked,
+      ``[2 * inter, hidden]``, and the layer computes ``act(gate) * up``) or ``"plain"``
+      (``act(up(x))``); ``activation`` is ``silu``, ``relu``, ``gelu`` or ``gelu_tanh``.
+
+    A model whose layers fit this description builds one per layer (from its own
+    parameters, so weights moved after loading are seen) and gets whatever fused op
+    the platform has for it through :class:`glowlm.layers.fused.FusedStack` and
+    :func:`generic_stack_op`, with no new core slot. The calling convention is the
+    RMSNorm layer's (``(positions, x, residual, ...) -> (out, residual)``; the layer's
+    output is ``out + residual``, ``residual=None`` meaning zero), which also covers a
+    LayerNorm layer (it returns ``residual=None``).
+    """
+
+    norm: str  # "layer" | "rms"
+    norm1_weight: torch.Tensor
+    norm1_bias: torch.Tensor | None
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_weight: torch.Tensor
+    o_bias: torch.Tensor | None
+    norm2_weight: torch.Tensor
+    norm2_bias: torch.Tensor | None
+    mlp: str  # "gated" | "plain"
+    activation: str
+    up_weight: torch.Tensor
+    up_bias: torch.Tensor | None
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor | None
+    eps: float
+    rotary: Rotary | None = None
+    q_norm_weight: torch.Tensor | None = None
+    k_norm_weight: torch.Tensor | None = None
+
+    def as_ln(self) -> LnDecoderWeights | None:
+        """The OPT/GPT-2 form (``ln_decoder_layer``/``_stack``), or None if it does not fit."""
+        if (self.norm != "layer" or self.mlp != "plain" or self.rotary is not None
+                or self.q_norm_weight is not None or self.k_norm_weight is not None
+                or self.activation not in ("relu", "gelu", "gelu_tanh")):
+            return None
+        return LnDecoderWeights(
+            ln1_weight=self.norm1_weight, ln1_bias=self.norm1_bias,
+            qkv_weight=self.qkv_weight, qkv_bias=self.qkv_bias,
+            out_weight=self.o_weight, out_bias=self.o_bias,
+            ln2_weight=self.norm2_weight, ln2_bias=self.norm2_bias,
+            fc1_weight=self.up_weight, fc1_bias=self.up_bias,
+            fc2_weight=self.down_weight, fc2_bias=self.down_bias,
+            eps=self.eps, activation=self.activation)
+
+    def as_rms(self) -> RmsDecoderWeights | None:
+        """The Llama-family form (``rms_decoder_layer``/``_stack``), or None if it does not fit."""
+        if (self.norm != "rms" or self.mlp != "gated" or self.activation != "silu"
+                or self.rotary is None or self.norm1_bias is not None
+                or self.norm2_bias is not None):
+            return None
+        return RmsDecoderWeights(
+            ln1_weight=self.norm1_weight, qkv_weight=self.qkv_weight, qkv_bias=self.qkv_bias,
+            q_norm_weight=self.q_norm_weight, k_norm_weight=self.k_norm_weight,
+            cos_sin_cache=self.rotary.cos_sin_cache, rotary_dim=self.rotary.rotary_dim,
+            is_neox=self.rotary.is_neox, o_weight=self.o_weight, o_bias=self.o_bias,
+            ln2_weight=self.norm2_weight, gate_up_weight=self.up_weight,
+            gate_up_bias=self.up_bias, down_weight=self.down_weight,
+            down_bias=self.down_bias, eps=self.eps)
+
+
+#: ``fn(positions, x, residual, weights, kv_cache, metadata, spec)`` -> ``(out, residual)``
+#: or None, for one :class:`DecoderLayerWeights` layer.
+DecoderLayerFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None",
+                           DecoderLayerWeights, torch.Tensor, AttentionMetadata,
+                           AttentionLayerSpec], "tuple[torch.Tensor, torch.Tensor | None] | None"]
+
+#: ``fn(positions, x, residual, layers, kv_caches, metadata, spec)`` -> the last layer's
+#: ``(out, residual)`` or None, over consecutive :class:`DecoderLayerWeights` layers.
+DecoderStackFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None",
+                           Sequence[DecoderLayerWeights], Sequence[torch.Tensor],
+                           AttentionMetadata, AttentionLayerSpec],
+                          "tuple[torch.Tensor, torch.Tensor | None] | None"]
+
+
+def generic_stack_op(ln_stack: LnDecoderStackFn | None, rms_stack: RmsDecoderStackFn | None,
+                     generic: DecoderStackFn | None = None) -> DecoderStackFn | None:
+    """The platform's stack op for :class:`DecoderLayerWeights` layers.
+
+    A platform's own ``decoder_stack`` (``generic``) wins; otherwise the description
+    is converted once per layer list into the form the platform's ``ln_decoder_stack``
+    or ``rms_decoder_stack`` takes (so kernels written for those forms serve every
+    family that fits them). The converted list keeps its identity for as long as the
+    given list does, as the stack ops' weight caches expect. None when the platform
+    has neither; the returned op declines (None) layers that fit neither form.
+    """
+    if generic is not None:
+        return generic
+    if ln_stack is None and rms_stack is None:
+        return None
+    converted: dict[int, tuple[Sequence[DecoderLayerWeights], list, str]] = {}
+
+    def convert(layers: Sequence[DecoderLayerWeights]) -> tuple[list, str] | None:
+        hit = converted.get(id(layers))
+        if hit is not None and hit[0] is layers:
+            return hit[1], hit[2]
+        for kind, fn, to in (("rms", rms_stack, DecoderLayerWeights.as_rms),
+                             ("ln", ln_stack, DecoderLayerWeights.as_ln)):
+            if fn is None:
+                continue
+            out = [to(w) for w in layers]
+            if all(o is not None for o in out):
+                converted[id(layers)] = (layers, out, kind)
+                return out, kind
+        return None
+
+    def decoder_stack(positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                      layers: Sequence[DecoderLayerWeights], kv_caches: Sequence[torch.Tensor],
+                      metadata: AttentionMetadata, spec: AttentionLayerSpec
+                      ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        found = convert(layers)
+        if found is None:
+            return None
+        weights, kind = found
+        if kind == "rms":
+            assert rms_stack is not None
+            return rms_stack(positions, x, residual, weights, kv_caches, metadata, spec)
+        assert ln_stack is not None
+        h = x if residual is None else x + residual
+        out = ln_stack(h, weights, kv_caches, metadata, spec)
+        return None if out is None else (out, None)
+
+    return decoder_stack
+
+
+def generic_layer_op(ln_layer: LnDecoderLayerFn | None, rms_layer: RmsDecoderLayerFn | None,
+                     generic: DecoderLayerFn | None = None) -> DecoderLayerFn | None:
+    """The per-layer counterpart of :func:`generic_stack_op` (one layer per call)."""
+    if generic is not None:
+        return generic
+    if ln_layer is None and rms_layer is None:
+        return None
+
+    def decoder_layer(positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                      w: DecoderLayerWeights, kv_cache: torch.Tensor,
+                      metadata: AttentionMetadata, spec: AttentionLayerSpec
+                      ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        rms = w.as_rms() if rms_layer is not None else None
+        if rms is not None:
+            assert rms_layer is not None
+            return rms_layer(positions, x, residual, rms, kv_cache, metadata, spec)
+        ln = w.as_ln() if ln_layer is not None else None
+        if ln is None:
+            return None
+        assert ln_layer is not None
+        out = ln_layer(x if residual is None else x + residual, ln, kv_cache, metadata, spec)
+        return None if out is None else (out, None)
+
+    return decoder_layer

@@ -9,6 +9,7 @@ models. Every field has the signature of the function of the same name in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -34,6 +35,16 @@ class OpsTable:
     ln_decoder_stack: Callable | None = None
     #: Every RMSNorm layer in one call: ``glowlm.ops.fused.RmsDecoderStackFn``.
     rms_decoder_stack: Callable | None = None
+    #: Any layer described by ``glowlm.ops.fused.DecoderLayerWeights``, one per call:
+    #: ``glowlm.ops.fused.DecoderLayerFn``. Optional even then: without it, such layers
+    #: use ``ln_decoder_layer``/``rms_decoder_layer`` when they fit those forms.
+    decoder_layer: Callable | None = None
+    #: Consecutive ``DecoderLayerWeights`` layers in one call: ``DecoderStackFn``.
+    decoder_stack: Callable | None = None
+
+    def without_fused(self) -> OpsTable:
+        """This table with every fused layer and stack op removed (``GLOWLM_NO_FUSED_LAYERS``)."""
+        return dataclasses.replace(self, **{name: None for name in FUSED_OPS})
 
     def replaced(self) -> list[str]:
         """Names of ops that differ from core's reference (for start-up reports)."""
@@ -42,3 +53,7 @@ class OpsTable:
 
 
 REFERENCE_OPS = OpsTable()
+
+#: The optional whole-layer and whole-stack slots (``None`` in the reference table).
+FUSED_OPS = ("ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack",
+             "decoder_layer", "decoder_stack")

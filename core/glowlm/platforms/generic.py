@@ -12,6 +12,9 @@ from glowlm.platforms.host import HostInfo
 from glowlm.platforms.interface import Capabilities, Match, Platform
 from glowlm.plugins.hookspecs import hookimpl
 
+#: Core's own platform is built for the API it ships (checked like any plugin's).
+GLOWLM_PLUGIN_API = "1.0"
+
 
 class GenericCpuPlatform(Platform):
     """Fallback for any CPU: correct everywhere, fast nowhere in particular."""

@@ -37,3 +37,40 @@ def glowlm_quantization_configs() -> list[type]:
     ``name`` is matched against the checkpoint's ``quantization_config.quant_method``;
     a name registered twice is an error naming both plugins.
     """
+
+
+@hookspec
+def glowlm_settings() -> list:
+    """Return the :class:`~glowlm.envs.Setting` objects (environment variables) this
+    plugin reads.
+
+    Each name must start with ``GLOWLM_`` and belong to one owner: a name core or
+    another plugin already declares is an error naming both. ``glowlm collect-env``,
+    ``glowlm platforms`` and docs/configuration.md list them with the plugin's name.
+    """
+
+
+@hookspec
+def glowlm_models() -> dict:
+    """Return ``{architecture: model}`` for model families this plugin adds.
+
+    ``architecture`` is the ``config.json`` ``architectures[0]`` name; ``model`` is a
+    ``"package.module:ClassName"`` string (imported only when such a checkpoint is
+    loaded: keep the plugin cheap to import) or the class itself. An architecture
+    core or another plugin already provides is an error naming both. The class is a
+    :class:`~glowlm.models.base.CausalLM` subclass built from ``ModelParts`` like
+    core's models; layers that fit
+    :class:`~glowlm.ops.fused.DecoderLayerWeights` get the platform's fused ops
+    without a new core slot.
+    """
+
+
+#: The plugin API this glowlm provides, ``"MAJOR.MINOR"``: what ``glowlm.plugin_api``
+#: exports and the hooks above. A plugin declares the version it was built for as a
+#: literal in its entry-point module (``GLOWLM_PLUGIN_API = "1.0"``); discovery accepts
+#: the same MAJOR with a MINOR no newer than this one. Adding to the API bumps MINOR;
+#: changing or removing anything bumps MAJOR.
+PLUGIN_API_VERSION = "1.0"
+
+#: The module attribute a plugin declares its API version in.
+API_ATTRIBUTE = "GLOWLM_PLUGIN_API"

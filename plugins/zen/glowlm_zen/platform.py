@@ -9,13 +9,25 @@ zentorch import is probed last because it is the only expensive check.
 from __future__ import annotations
 
 import torch
-from glowlm import envs
-from glowlm.logger import init_logger
-from glowlm.platforms.host import HostInfo
-from glowlm.platforms.interface import Capabilities, Match, parse_dtype
+from glowlm.plugin_api import (
+    Capabilities,
+    HostInfo,
+    Match,
+    Setting,
+    init_logger,
+    parse_bool,
+    parse_dtype,
+)
 from glowlm_x86.platform import X86_QUANTIZATION, X86Platform
 
 logger = init_logger(__name__)
+
+#: Prepack linear weights into ZenDNN's blocked layout at load (faster GEMMs, a
+#: one-time cost, and the weights are no longer plain tensors).
+WEIGHT_PREPACK: Setting[bool] = Setting(
+    "GLOWLM_ZENTORCH_WEIGHT_PREPACK", "1",
+    "Zen: prepack linear weights into ZenDNN's blocked layout at load (0 disables)",
+    parse_bool)
 
 ZEN_ACTIVE_NOTE = "AMD Zen CPU detected with zentorch installed"
 INSTALL_HINT = ("AMD Zen CPU with AVX-512 but zentorch is not installed: "
@@ -35,9 +47,7 @@ class ZenPlatform(X86Platform):
 
     def __init__(self, host: HostInfo, match: Match) -> None:
         super().__init__(host, match)
-        #: GLOWLM_ZENTORCH_WEIGHT_PREPACK: prepack linear weights into ZenDNN's blocked
-        #: layout at load (faster GEMMs, one-time cost, weights no longer plain tensors).
-        self.weight_prepack = envs.get().zentorch_weight_prepack
+        self.weight_prepack = WEIGHT_PREPACK.get()
 
     @classmethod
     def detect(cls, host: HostInfo) -> Match:
@@ -80,8 +90,22 @@ class ZenPlatform(X86Platform):
         return super().resolve_dtype(model_dtype, requested)
 
     def unquantized_linear_method(self):  # -> LinearMethod
-        """zentorch's linear for dense weights (prepacked when the env var says so)."""
+        """zentorch's linear for dense weights (prepacked when the env var says so).
+
+        With the measured choice (``GLOWLM_LINEAR_IMPL`` not ``default``), glowlm's own
+        x86 kernels, when they load, and torch's ``F.linear`` are candidates too: each
+        shape and token class runs the fastest (glowlm.layers.linear_choice).
+        """
         from glowlm_zen.linear import ZentorchLinearMethod
 
-        return ZentorchLinearMethod(prepack=self.weight_prepack)
+        measured = envs.get().linear_impl != "default"
+        library = self.kernels() if measured else None
+        if library is None:
+            return ZentorchLinearMethod(prepack=self.weight_prepack, measured=measured)
+        from glowlm_x86.kernels.linear import GemmPolicy, glowlm_candidate
+
+        policy = GemmPolicy()
+        return ZentorchLinearMethod(prepack=self.weight_prepack, measured=True,
+                                    glowlm=glowlm_candidate(policy, library.name),
+                                    policy=policy)
 

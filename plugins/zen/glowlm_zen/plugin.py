@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from glowlm.platforms.interface import Platform
-from glowlm.plugins.hookspecs import hookimpl
+from glowlm.plugin_api import Platform, Setting, hookimpl
 
-from glowlm_zen.platform import ZenPlatform
+from glowlm_zen.platform import WEIGHT_PREPACK, ZenPlatform
+
+#: The glowlm plugin API this plugin is built for (checked at discovery).
+GLOWLM_PLUGIN_API = "1.0"
 
 
 @hookimpl
 def glowlm_platforms() -> list[type[Platform]]:
     return [ZenPlatform]
+
+
+@hookimpl
+def glowlm_settings() -> list[Setting]:
+    return [WEIGHT_PREPACK]

@@ -1,0 +1,118 @@
+"""The public plugin API: everything a hardware backend or model plugin may import.
+
+A plugin imports from this module only (its tests may also use ``glowlm.testing``
+and the offline API, ``glowlm.LLM``/``SamplingParams``). Everything else in core is
+private and may change in any release; what is here changes only with
+:data:`PLUGIN_API_VERSION`: a new name bumps the minor version, a changed or removed
+one the major version. A plugin declares the version it was built for as a literal
+in its entry-point module::
+
+    GLOWLM_PLUGIN_API = "1.0"
+
+and discovery refuses a plugin whose major version differs or whose minor version
+is newer than this glowlm's, with one line saying which to upgrade
+(``glowlm platforms`` shows it). ``core/tests/test_plugin_api.py`` fails if an
+in-tree plugin imports any other core module.
+
+What is here, by concern:
+
+- discovery: :data:`ENTRY_POINT_GROUP`, :data:`hookimpl` (hooks ``glowlm_platforms``,
+  ``glowlm_settings``, ``glowlm_models``, ``glowlm_quantization_configs``);
+- platforms: :class:`Platform`, :class:`Match`, :class:`Capabilities`, the host
+  description (:class:`HostInfo`, :func:`from_dump`, :func:`live_host`), dtype names;
+- parts: :class:`AttentionBackend` with :class:`AttentionMetadata` and
+  :class:`AttentionLayerSpec`, :class:`LinearMethod`, :class:`OpsTable`, the fused
+  layer contract (:class:`DecoderLayerWeights` and the OPT/GPT-2 and Llama-family
+  forms), and core's references (:class:`ReferenceAttentionBackend`,
+  :class:`UnquantizedLinearMethod`, :data:`REFERENCE_OPS`, :mod:`reference_ops`);
+- settings: :class:`Setting` and its parsers, :func:`core_env` (core's variables);
+- models: :func:`register_model`, :class:`CausalLM`, :class:`ModelParts`;
+- quantization: :class:`QuantizationConfig`;
+- logging and errors: :func:`init_logger`, :class:`ConfigError` and friends.
+"""
+
+from __future__ import annotations
+
+from glowlm.attention.backend import (
+    AttentionBackend,
+    AttentionLayerSpec,
+    AttentionMetadata,
+    kv_bytes_per_token,
+)
+from glowlm.attention.reference import ReferenceAttentionBackend
+from glowlm.envs import (
+    Env,
+    Setting,
+    parse_bool,
+    parse_choice,
+    parse_int,
+    parse_str,
+)
+from glowlm.errors import (
+    ConfigError,
+    GlowlmError,
+    ModelLoadError,
+    PlatformError,
+    PluginError,
+)
+from glowlm.layers.context import ModelParts
+from glowlm.layers.linear import LinearMethod, UnquantizedLinearMethod
+from glowlm.layers.quantization import QuantizationConfig
+from glowlm.logger import init_logger
+from glowlm.models.base import CausalLM
+from glowlm.models.registry import register_model
+from glowlm.ops import reference as reference_ops
+from glowlm.ops.fused import (
+    DecoderLayerWeights,
+    LnDecoderLayerFn,
+    LnDecoderStackFn,
+    LnDecoderWeights,
+    RmsDecoderLayerFn,
+    RmsDecoderStackFn,
+    RmsDecoderWeights,
+    Rotary,
+)
+from glowlm.ops.table import REFERENCE_OPS, OpsTable
+from glowlm.platforms.host import HostInfo, NumaNode, from_dump, from_files
+from glowlm.platforms.interface import (
+    DTYPE_NAMES,
+    Capabilities,
+    Match,
+    Platform,
+    dtype_name,
+    parse_dtype,
+)
+from glowlm.plugins.hookspecs import API_ATTRIBUTE, PLUGIN_API_VERSION, hookimpl
+from glowlm.plugins.manager import ENTRY_POINT_GROUP
+
+
+def live_host() -> HostInfo:
+    """This machine as detectors see it, read now (``/proc/cpuinfo``, ``sysctl -a``).
+
+    For what the *running* CPU executes (a platform may be built for a recorded
+    host in tests, but must only load code this CPU runs).
+    """
+    from glowlm.platforms import host
+
+    return host.live()
+
+
+def core_env() -> Env:
+    """Core's environment variables, parsed now (kernel cache, disabled kernels, ...)."""
+    from glowlm import envs
+
+    return envs.get()
+
+
+__all__ = [
+    "API_ATTRIBUTE", "DTYPE_NAMES", "ENTRY_POINT_GROUP", "PLUGIN_API_VERSION", "REFERENCE_OPS",
+    "AttentionBackend", "AttentionLayerSpec", "AttentionMetadata", "Capabilities", "CausalLM",
+    "ConfigError", "DecoderLayerWeights", "Env", "GlowlmError", "HostInfo", "LinearMethod",
+    "LnDecoderLayerFn", "LnDecoderStackFn", "LnDecoderWeights", "Match", "ModelLoadError",
+    "ModelParts", "NumaNode", "OpsTable", "Platform", "PlatformError", "PluginError",
+    "QuantizationConfig", "ReferenceAttentionBackend", "RmsDecoderLayerFn",
+    "RmsDecoderStackFn", "RmsDecoderWeights", "Rotary", "Setting", "UnquantizedLinearMethod",
+    "core_env", "dtype_name", "from_dump", "from_files", "hookimpl", "init_logger",
+    "kv_bytes_per_token", "live_host", "parse_bool", "parse_choice", "parse_dtype",
+    "parse_int", "parse_str", "reference_ops", "register_model",
+]
