@@ -246,6 +246,19 @@ SECTIONS += [topology_section, binding_section, numa_binding_section, allocator_
              kv_budget_section]
 
 
+def settings_section(ctx: EnvContext) -> tuple[str, dict[str, object]]:
+    """Every GLOWLM_* variable core and the installed plugins declare, with its value here."""
+    out: dict[str, object] = {}
+    for owner, setting in load_plugins(envs.get().plugins_block).settings():
+        value = os.environ.get(setting.name)
+        shown = f"{value!r}" if value is not None else f"unset (default {setting.default!r})"
+        out[setting.name] = f"{shown} [{owner}]"
+    return "settings", out
+
+
+SECTIONS.append(settings_section)
+
+
 def collect(ctx: EnvContext | None = None) -> list[tuple[str, dict[str, object]]]:
     """Run every section; a failing one reports its error instead of stopping the report."""
     ctx = ctx or EnvContext()

@@ -117,15 +117,33 @@ def to_json(host: HostInfo, candidates: list[Candidate], selection: Selection | 
     return out
 
 
+def plugin_settings(block: frozenset[str]) -> list[dict[str, str]]:
+    """The environment variables the installed plugins declare (core's are in
+    ``glowlm collect-env`` and docs/configuration.md), with their value here."""
+    return [{"name": st.name, "plugin": owner, "default": st.default, "value": st.raw(),
+             "help": st.help}
+            for owner, st in load_plugins(block).settings() if owner != "glowlm"]
+
+
+def render_settings(settings: list[dict[str, str]]) -> str:
+    lines = ["plugin settings (environment variables; core's: glowlm collect-env):"]
+    lines += [f"    {s['plugin']:<10} {s['name']}={s['value']} (default {s['default']!r}): "
+              f"{s['help']}" for s in settings]
+    return "\n".join(lines if settings else lines[:1] + ["    none"])
+
+
 def run(args: argparse.Namespace) -> int:
     env = envs.get()
     host = host_from_args(args)
     candidates, selection, error = describe(host, args.platform or env.platform,
                                             env.plugins_block)
+    settings = plugin_settings(env.plugins_block)
     if args.json:
-        print(json.dumps(to_json(host, candidates, selection, error), indent=2))
+        print(json.dumps({**to_json(host, candidates, selection, error),
+                          "settings": settings}, indent=2))
     else:
         print(render_text(host, candidates, selection))
+        print(render_settings(settings))
     if error is not None:
         raise error
     return 0
