@@ -59,12 +59,20 @@ class AttentionMetadata:
 
 @dataclass(frozen=True)
 class AttentionLayerSpec:
-    """What a backend needs to know about one attention layer."""
+    """What a backend needs to know about one attention layer.
+
+    ``sliding_window``: when set, a query at position ``q`` sees only the keys at
+    positions ``p`` with ``q - sliding_window < p <= q`` (the window counts the
+    query's own token; transformers' ``sliding_window_overlay``), as Gemma 3's
+    local layers do. A backend that cannot honour the window for a step must hand
+    that layer to one that can (the reference backend does), never ignore it.
+    """
 
     num_heads: int
     num_kv_heads: int
     head_size: int
     scale: float
+    sliding_window: int | None = None
 
 
 class AttentionBackend(ABC):

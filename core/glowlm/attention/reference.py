@@ -4,6 +4,10 @@ Decodes are attended in one batched call over gathered blocks with a length
 mask; each prefill chunk is attended on its own (there are few per step,
 bounded by the token budget). Math goes through ``scaled_dot_product_attention``,
 which accumulates in float32 on CPU.
+
+Layers with a sliding window (``AttentionLayerSpec.sliding_window``) gather only
+the blocks that hold a key some query of the step can still see, and mask the
+rest of the first of those blocks.
 """
 
 from __future__ import annotations
@@ -23,17 +27,43 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     kv_cache[1, blocks, :, offsets] = value.to(kv_cache.dtype)
 
 
-def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[seqs, kv_heads, num_tokens, head]`` K and V for each row of ``block_tables``."""
+def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int,
+              first_block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[seqs, kv_heads, tokens, head]`` K and V for each row of ``block_tables``: the
+    positions ``first_block * block_size ... num_tokens - 1`` (a window skips the rest)."""
     _, _, heads, block_size, head = kv_cache.shape
     nblocks = -(-num_tokens // block_size)
-    table = block_tables[:, :nblocks].long()
+    table = block_tables[:, first_block:nblocks].long()
+    width = table.shape[1] * block_size
     k = kv_cache[0][table]  # [seqs, nblocks, heads, block, head]
     v = kv_cache[1][table]
-    k = k.permute(0, 2, 1, 3, 4).reshape(table.shape[0], heads, nblocks * block_size, head)
-    v = v.permute(0, 2, 1, 3, 4).reshape(table.shape[0], heads, nblocks * block_size, head)
-    return k[:, :, :num_tokens], v[:, :, :num_tokens]
+    k = k.permute(0, 2, 1, 3, 4).reshape(table.shape[0], heads, width, head)
+    v = v.permute(0, 2, 1, 3, 4).reshape(table.shape[0], heads, width, head)
+    keep = num_tokens - first_block * block_size
+    return k[:, :, :keep], v[:, :, :keep]
+
+
+def _decode_window(metadata: AttentionMetadata, window: int) -> tuple[int, torch.Tensor]:
+    """First block any decode row still sees, and the ``[decodes, 1, 1, keys]`` mask of
+    the keys from there (once per step and window size)."""
+    key = f"decode_window_{window}"
+    if key not in metadata.extras:
+        lens = metadata.seq_lens_list[:metadata.num_decodes]
+        first = min(max(0, n - window) for n in lens) // metadata.block_size
+        pos = torch.arange(first * metadata.block_size, max(lens))
+        seq = torch.tensor(lens)[:, None]
+        mask = (pos[None, :] < seq) & (pos[None, :] >= seq - window)
+        metadata.extras[key] = (first, mask[:, None, None, :])
+    return metadata.extras[key]  # type: ignore[return-value]
+
+
+def _attend(layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """Softmax attention of ``q`` ``[seqs, heads, queries, head]`` over ``k``/``v``
+    ``[seqs, kv_heads, keys, head]``; ``mask`` is True where a key is visible."""
+    return F.scaled_dot_product_attention(
+        q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, is_causal=causal, scale=layer.scale,
+        enable_gqa=layer.num_heads != layer.num_kv_heads)
 
 
 class ReferenceAttentionBackend(AttentionBackend):
@@ -56,29 +86,31 @@ class ReferenceAttentionBackend(AttentionBackend):
                 ) -> torch.Tensor:
         write_kv(kv_cache, key, value, metadata.slot_mapping, metadata.block_size)
         out = torch.empty_like(query)
-        nd = metadata.num_decodes
-        gqa = layer.num_heads != layer.num_kv_heads
+        nd, bs, window = metadata.num_decodes, metadata.block_size, layer.sliding_window
         if nd:
-            k, v = gather_kv(kv_cache, metadata.block_tables[:nd], metadata.extras["decode_len"])
+            longest = metadata.extras["decode_len"]
+            first, mask = 0, metadata.extras["decode_mask"]
+            if window is not None and longest > window:
+                first, mask = _decode_window(metadata, window)
+            k, v = gather_kv(kv_cache, metadata.block_tables[:nd], longest, first)
             q = query[:nd].unsqueeze(2)  # [decodes, heads, 1, head]
-            o = F.scaled_dot_product_attention(
-                q, k.to(q.dtype), v.to(q.dtype), attn_mask=metadata.extras["decode_mask"],
-                scale=layer.scale, enable_gqa=gqa)
-            out[:nd] = o.squeeze(2)
+            out[:nd] = _attend(layer, q, k, v, mask, False).squeeze(2)
         qsl, lens = metadata.query_start_loc_list, metadata.seq_lens_list
         for i in range(nd, metadata.num_seqs):
             start, end, ctx = qsl[i], qsl[i + 1], lens[i]
             qlen = end - start
-            k, v = gather_kv(kv_cache, metadata.block_tables[i:i + 1], ctx)
+            # Only a window shorter than the context hides anything (query q sees p > q - w).
+            windowed = window is not None and ctx > window
+            first = max(0, ctx - qlen - window + 1) // bs if windowed else 0
+            k, v = gather_kv(kv_cache, metadata.block_tables[i:i + 1], ctx, first)
             q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, heads, qlen, head]
-            if qlen == ctx:
+            if qlen == ctx and not windowed:
                 mask, causal = None, True
-            else:  # chunk continues a prefix: query j sees keys <= ctx - qlen + j
-                kpos = torch.arange(ctx)
-                qpos = torch.arange(ctx - qlen, ctx)
-                mask, causal = (kpos[None, :] <= qpos[:, None]), False
-            o = F.scaled_dot_product_attention(
-                q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, is_causal=causal,
-                scale=layer.scale, enable_gqa=gqa)
-            out[start:end] = o.squeeze(0).transpose(0, 1)
+            else:  # query j (position ctx - qlen + j) sees keys <= its position
+                kpos = torch.arange(first * bs, ctx)[None, :]
+                qpos = torch.arange(ctx - qlen, ctx)[:, None]
+                mask, causal = kpos <= qpos, False
+                if windowed:
+                    mask &= kpos > qpos - window
+            out[start:end] = _attend(layer, q, k, v, mask, causal).squeeze(0).transpose(0, 1)
         return out.flatten(1)

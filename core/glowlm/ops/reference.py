@@ -71,6 +71,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(x[..., :d]) * x[..., d:]``: the GeGLU of Gemma's fused gate/up
+    projection (``gelu_pytorch_tanh``), rounded where transformers rounds (after the
+    activation, then after the product)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                eps: float) -> torch.Tensor:
     """LayerNorm over the last dim (torch's: math in float32, result in x's dtype)."""

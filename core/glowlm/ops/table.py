@@ -23,6 +23,8 @@ class OpsTable:
     layer_norm: Callable = reference.layer_norm
     rotary_embedding: Callable = reference.rotary_embedding
     silu_and_mul: Callable = reference.silu_and_mul
+    #: A platform without its own keeps core's (the field's default).
+    gelu_tanh_and_mul: Callable = reference.gelu_tanh_and_mul
     gelu: Callable = reference.gelu
     gelu_tanh: Callable = reference.gelu_tanh
     relu: Callable = reference.relu

@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 VOCAB = 384
+#: Architectures whose layers the platforms' fused decoder ops cover (their tests ask for them).
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
+#: Every tiny architecture: Gemma 3 always runs its modules (glowlm/models/gemma3.py).
+ALL_ARCHITECTURES = (*ARCHITECTURES, "gemma3")
+#: The tiny Gemma 3's local layers' window: prompts of a few dozen tokens outrun it,
+#: and it is not a multiple of the test block sizes (16, 32), so windows start mid-block.
+GEMMA3_WINDOW = 12
 
 _TEXT = """def fibonacci(n):
     \"\"\"Return the n-th Fibonacci number.\"\"\"
@@ -70,8 +76,20 @@ def hf_config(arch: str, **overrides: Any) -> Any:
                            word_embed_proj_dim=64, **common)
     elif arch == "gpt2":
         cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
+    elif arch == "gemma3":
+        # Local, local, global, local: the last layer (pruned prefill) is windowed; head_dim
+        # and query_pre_attn_scalar differ from hidden/heads, global rope is scaled.
+        cfg = tf.Gemma3TextConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24,
+            max_position_embeddings=1024, sliding_window=GEMMA3_WINDOW,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                         "sliding_attention"],
+            rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+            rope_scaling={"rope_type": "linear", "factor": 2.0}, **common)
+        cfg.architectures = ["Gemma3ForCausalLM"]
     else:
-        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {ARCHITECTURES}")
+        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {ALL_ARCHITECTURES}")
     for k, v in overrides.items():
         setattr(cfg, k, v)
     return cfg
@@ -90,9 +108,12 @@ def make_tiny_model(arch: str, out: str | Path, seed: int = 0,
     model = AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
     # Random init gives near-uniform logits; widen them so greedy ties are rare.
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.mul_(4.0)
+            elif arch == "gemma3" and "norm" in name:
+                # Gemma norms scale by 1 + w and start at w = 0; random w tests the 1.
+                p.normal_(0.0, 0.5)
     model.save_pretrained(out)
     return out
 

@@ -6,6 +6,11 @@ fallback work unchanged). Per layer: one ``write_kv`` call stores the step's new
 K/V, one ``paged_attention`` call attends every sequence (decodes and prefill
 chunks alike). Shapes the kernel does not cover (a head or block size that is
 not a multiple of the SIMD width) use core's reference backend instead.
+
+The kernel attends every earlier key (it has no sliding window). A layer with a
+window (Gemma 3's local layers) runs the kernel while every sequence of the step
+fits inside the window, where the window hides nothing, and is handed to the
+reference backend, which masks it, for a step in which some sequence is longer.
 """
 
 from __future__ import annotations
@@ -33,10 +38,18 @@ class X86AttentionBackend(AttentionBackend):
         w = self.vector_width
         return head_size % w == 0 and block_size % w == 0 and kv_dtype in KV_DTYPES
 
+    @staticmethod
+    def kernel_covers(layer: AttentionLayerSpec, metadata: AttentionMetadata) -> bool:
+        """Whether the kernel's full causal attention is this layer's attention in this
+        step: no sequence is longer than the layer's window (a query at position q sees
+        keys p > q - window, so a context within the window hides none)."""
+        return layer.sliding_window is None or metadata.max_seq_len <= layer.sliding_window
+
     def forward(self, layer: AttentionLayerSpec, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
                 ) -> torch.Tensor:
-        if not self.supports(layer.head_size, metadata.block_size, kv_cache.dtype):
+        if not (self.supports(layer.head_size, metadata.block_size, kv_cache.dtype)
+                and self.kernel_covers(layer, metadata)):
             if metadata.num_decodes and "decode_mask" not in metadata.extras:
                 self._reference.build_metadata(metadata)
             return self._reference.forward(layer, query, key, value, kv_cache, metadata)
