@@ -56,10 +56,18 @@ def load_tokenizer(path: str) -> Any:
 
 
 def resolve_max_model_len(config: EngineConfig, info: ModelDir) -> int:
+    """The model's positions, or its ``sliding_window`` when the model class does not
+    attend within a window (``sliding_window_attention``; Gemma 3 does): full attention
+    equals windowed attention only up to the window, so such a model stays inside it
+    (Mistral v0.1's 4096, whose Llama-family layers and fused ops have no window)."""
+    from glowlm.models.registry import model_class
+
     limit = info.max_position_embeddings
     window = getattr(info.hf_config, "sliding_window", None)
+    windowed = getattr(model_class(getattr(info.hf_config, "architectures", None)),
+                       "sliding_window_attention", False)
     if isinstance(window, int) and getattr(info.hf_config, "use_sliding_window", True) \
-            and window < limit:
+            and window < limit and not windowed:
         limit = window  # attention is full within the window, so stay inside it
     if config.max_model_len is None:
         return limit
