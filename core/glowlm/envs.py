@@ -39,6 +39,17 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
                                     "a platform's fused layer or stack op"),
     "GLOWLM_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
+    # glowlm serve (flags of the same meaning win over these):
+    "GLOWLM_API_KEY": ("", "API key the server requires when no --api-key is given"),
+    "GLOWLM_MAX_REQUEST_BODY_BYTES": ("8388608", "largest request body the server reads "
+                                                 "(413 past it)"),
+    "GLOWLM_HTTP_HEADER_TIMEOUT": ("10", "seconds a connection may take to send a "
+                                         "request's headers"),
+    "GLOWLM_HTTP_BODY_TIMEOUT": ("60", "seconds a request's body may take to arrive (408)"),
+    "GLOWLM_HTTP_TIMEOUT_KEEP_ALIVE": ("5", "seconds an idle keep-alive connection stays "
+                                            "open"),
+    "GLOWLM_HTTP_LIMIT_CONCURRENCY": ("1024", "open connections (or requests) past which new "
+                                              "requests get 503"),
 }
 
 
@@ -196,4 +207,41 @@ def bench_suite(environ: Mapping[str, str] | None = None) -> BenchSuiteEnv:
         model_filter=env.get("MODEL_FILTER") or None,
         dtype_filter=env.get("DTYPE_FILTER") or None,
         serving_json=env.get("SERVING_JSON") or None,
+    )
+
+
+@dataclass(frozen=True)
+class ServerEnv:
+    """``glowlm serve``'s variables: defaults for the flags of the same meaning."""
+
+    api_key: str | None
+    max_request_body_bytes: int
+    header_timeout: float
+    body_timeout: float
+    keep_alive_timeout: float
+    limit_concurrency: int
+
+
+def server(environ: Mapping[str, str] | None = None) -> ServerEnv:
+    env = os.environ if environ is None else environ
+
+    def raw(name: str) -> str:
+        return env.get(name, DOCUMENTED[name][0]).strip()
+
+    def positive(name: str, kind: type[int] | type[float]) -> float:
+        try:
+            value = kind(raw(name))
+        except ValueError:
+            raise ConfigError(f"{name}={raw(name)!r} is not a number") from None
+        if value <= 0:
+            raise ConfigError(f"{name} must be > 0, got {value}")
+        return value
+
+    return ServerEnv(
+        api_key=raw("GLOWLM_API_KEY") or None,
+        max_request_body_bytes=int(positive("GLOWLM_MAX_REQUEST_BODY_BYTES", int)),
+        header_timeout=positive("GLOWLM_HTTP_HEADER_TIMEOUT", float),
+        body_timeout=positive("GLOWLM_HTTP_BODY_TIMEOUT", float),
+        keep_alive_timeout=positive("GLOWLM_HTTP_TIMEOUT_KEEP_ALIVE", float),
+        limit_concurrency=int(positive("GLOWLM_HTTP_LIMIT_CONCURRENCY", int)),
     )

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 from pathlib import Path
+from typing import Any
 
 from glowlm.entrypoints.cli.engine_args import add_engine_args, engine_kwargs
 from glowlm.errors import ConfigError
@@ -36,7 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="name(s) clients use in 'model' (default: the model path)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the API")
+    p.add_argument("--api-key", action="append", metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every route but /health, "
+                        "/ping, /version and /metrics; repeat for several keys (default: "
+                        "GLOWLM_API_KEY, else no key)")
     p.add_argument("--chat-template", metavar="FILE",
                    help="Jinja chat template file (default: the tokenizer's)")
     p.add_argument("--max-queue", type=int, metavar="N",
@@ -47,8 +51,53 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "then abort them (default 30)")
     p.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per HTTP request")
+    add_http_limit_args(p)
     add_engine_args(p, online=True)
     p.set_defaults(func=run)
+
+
+def add_http_limit_args(p: argparse.ArgumentParser) -> None:
+    """What one client may cost (docs/server.md, "Limits"); defaults from GLOWLM_* env."""
+    g = p.add_argument_group("HTTP limits (defaults: the GLOWLM_* variable named)")
+    g.add_argument("--max-request-body-bytes", type=int, metavar="N",
+                   help="largest request body read; larger gets 413 "
+                        "(GLOWLM_MAX_REQUEST_BODY_BYTES, default 8 MiB)")
+    g.add_argument("--request-header-timeout", type=float, metavar="S",
+                   help="close a connection whose request headers take longer "
+                        "(GLOWLM_HTTP_HEADER_TIMEOUT, default 10)")
+    g.add_argument("--request-body-timeout", type=float, metavar="S",
+                   help="408 for a request body that takes longer (GLOWLM_HTTP_BODY_TIMEOUT, "
+                        "default 60)")
+    g.add_argument("--timeout-keep-alive", type=float, metavar="S",
+                   help="close idle keep-alive connections after S seconds "
+                        "(GLOWLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5)")
+    g.add_argument("--limit-concurrency", type=int, metavar="N",
+                   help="with N connections or requests open, new requests get 503 "
+                        "(GLOWLM_HTTP_LIMIT_CONCURRENCY, default 1024)")
+
+
+def http_settings(args: argparse.Namespace) -> tuple[list[str], Any]:
+    """The API keys and :class:`~glowlm.entrypoints.openai.http_guard.HTTPLimits`: each
+    flag if given, else its environment variable."""
+    from glowlm import envs
+    from glowlm.entrypoints.openai.http_guard import HTTPLimits
+
+    env = envs.server()
+    keys = [k for k in (args.api_key or []) if k] or ([env.api_key] if env.api_key else [])
+
+    def pick(flag: str, value: float) -> Any:
+        given = getattr(args, flag)
+        if given is not None and given <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be > 0, got {given}")
+        return value if given is None else given
+
+    limits = HTTPLimits(
+        max_body_bytes=pick("max_request_body_bytes", env.max_request_body_bytes),
+        header_timeout=pick("request_header_timeout", env.header_timeout),
+        body_timeout=pick("request_body_timeout", env.body_timeout),
+        keep_alive_timeout=pick("timeout_keep_alive", env.keep_alive_timeout),
+        limit_concurrency=pick("limit_concurrency", env.limit_concurrency))
+    return keys, limits
 
 
 def apply_thread_binding() -> str:
@@ -85,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_queue is not None and args.max_queue < 0:
         raise ConfigError("--max-queue must be >= 0")
     chat_template = read_chat_template(args.chat_template)
+    api_keys, http_limits = http_settings(args)
     model, name = args.model, args.model
     if model is None:
         from glowlm import default_model
@@ -111,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         logger.warning("interrupted while loading the model; exiting")
         os._exit(130)  # the engine thread cannot be interrupted; do not wait for it
     names = args.served_model_name or [name]
-    options = ServerOptions(served_model_names=names, api_key=args.api_key,
+    options = ServerOptions(served_model_names=names, api_keys=api_keys, limits=http_limits,
                             chat_template=chat_template, max_queue=args.max_queue)
     serve(engine, options, sock, executor=executor,
           graceful_shutdown_timeout=args.graceful_shutdown_timeout,

@@ -1,12 +1,17 @@
 """The async engine driver: one asyncio task steps the engine for every HTTP request.
 
 Threading contract. :class:`~glowlm.engine.llm_engine.LLMEngine` is
-single-threaded, and so is the tokenizer it shares with the server (Hugging Face
-fast tokenizers may fail with "Already borrowed" under concurrent use). Every
-call into either (add, abort, step, tokenize, decode, chat templates) therefore
-runs on one single-thread executor, in submission order. The event loop only
-awaits those calls, so it keeps accepting connections and streaming while a step
-runs, and an add or abort submitted during a step runs right after it.
+single-threaded: every engine call (add, abort, step) runs on one single-thread
+executor, in submission order. The event loop only awaits those calls, so it
+keeps accepting connections and streaming while a step runs, and an add or abort
+submitted during a step runs right after it.
+
+Tokenizing prompts, rendering chat templates and decoding for ``/detokenize``
+or echo run on a second single-thread executor with the server's own copy of
+the tokenizer (Hugging Face fast tokenizers may fail with "Already borrowed"
+when one object is used from two threads; the engine keeps its copy for
+incremental detokenization). A long prompt then costs its sender, on that
+thread (the Rust tokenizer releases the GIL), and never delays the next step.
 
 After every engine call the engine thread also takes an
 :class:`~glowlm.entrypoints.openai.metrics.EngineSnapshot` and drains the
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -41,6 +47,26 @@ T = TypeVar("T")
 def engine_thread() -> ThreadPoolExecutor:
     """The single thread every engine call runs on."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="glowlm-engine")
+
+
+def front_tokenizer(tokenizer: Any) -> Any:
+    """The server's own copy of the engine's tokenizer (one object per thread)."""
+    try:
+        return copy.deepcopy(tokenizer)
+    except Exception as exc:  # noqa: BLE001 - any tokenizer class may refuse to copy
+        logger.warning("cannot copy the tokenizer (%r); the server shares the engine's, on "
+                       "the engine thread", exc)
+        return None
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters in the vocabulary's longest token string (byte-level BPE spells a byte
+    as one character, so this bounds the input characters any one token covers)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: no bound
+        return 0
+    return max((len(t) for t in vocab), default=0)
 
 
 class EngineFailure(RuntimeError):
@@ -120,6 +146,14 @@ class AsyncEngine:
         self.streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self.snapshot = EngineSnapshot()
         self._executor = executor or engine_thread()
+        copied = front_tokenizer(engine.tokenizer)
+        #: The tokenizer the server uses, on :attr:`_tok_executor` only.
+        self.tokenizer = copied if copied is not None else engine.tokenizer
+        self._tok_executor = (ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="glowlm-tokenizer")
+                              if copied is not None else self._executor)
+        #: At most this many characters per token (0: unknown); see check_prompt_chars.
+        self.max_token_chars = longest_token_chars(self.tokenizer)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         #: Adds submitted to the engine thread but not yet done (touched on the loop only).
@@ -161,12 +195,17 @@ class AsyncEngine:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         self._executor.shutdown(wait=True)
+        self._tok_executor.shutdown(wait=False, cancel_futures=True)
 
     # -- calls into the engine thread ---------------------------------------------------
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the engine thread (serialized with every engine call)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def run_tokenizer(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the tokenizer thread (it may use :attr:`tokenizer`)."""
+        return await asyncio.get_running_loop().run_in_executor(self._tok_executor, fn, *args)
 
     def group(self) -> RequestGroup:
         return RequestGroup(self)
@@ -189,16 +228,18 @@ class AsyncEngine:
         return self.snapshot.num_waiting + self.adds_in_flight
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Engine thread only."""
-        return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        """Tokenizer thread only."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def token_texts(self, token_ids: list[int]) -> list[str]:
-        """Engine thread only: each token decoded alone (cached; used for logprobs)."""
+    def token_texts(self, token_ids: list[int], tokenizer: Any = None) -> list[str]:
+        """Each token decoded alone (cached; used for logprobs). Tokenizer thread, or the
+        engine thread with ``tokenizer=engine.tokenizer``."""
+        tok = self.tokenizer if tokenizer is None else tokenizer
         out = []
         for t in token_ids:
             text = self._token_text.get(t)
             if text is None:
-                text = self.engine.tokenizer.decode([t], skip_special_tokens=False)
+                text = tok.decode([t], skip_special_tokens=False)
                 self._token_text[t] = text
             out.append(text)
         return out
@@ -246,7 +287,8 @@ class AsyncEngine:
                 if all(lp.decoded_token is not None for lp in entry.values()):
                     break
                 ids = list(entry)
-                for lp, text in zip(entry.values(), self.token_texts(ids), strict=True):
+                texts = self.token_texts(ids, self.engine.tokenizer)
+                for lp, text in zip(entry.values(), texts, strict=True):
                     lp.decoded_token = text
 
     def _snapshot(self) -> EngineSnapshot:

@@ -23,20 +23,29 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from glowlm import __version__
 from glowlm.engine.llm_engine import LLMEngine
 from glowlm.entrypoints.openai.engine_loop import AsyncEngine
+from glowlm.entrypoints.openai.http_guard import (
+    OPEN_PATHS,
+    APIKeyMiddleware,
+    BodyLimitMiddleware,
+    HTTPLimits,
+    guarded_protocol,
+    raise_open_file_limit,
+)
 from glowlm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
+from glowlm.entrypoints.openai.openapi import install_openapi
 from glowlm.entrypoints.openai.protocol import (
     APIError,
     DetokenizeRequest,
@@ -50,39 +59,17 @@ from glowlm.logger import init_logger
 
 logger = init_logger(__name__)
 
-#: Paths answered without an API key: probes and scrapers carry no credentials.
-OPEN_PATHS = frozenset({"/health", "/version", "/metrics", "/ping"})
+__all__ = ["OPEN_PATHS", "ServerOptions", "build_app", "serve"]
 
 
 @dataclass
 class ServerOptions:
     served_model_names: list[str]
-    api_key: str | None = None
+    #: Any of these is accepted as ``Authorization: Bearer KEY``; empty: no key needed.
+    api_keys: list[str] = field(default_factory=list)
+    limits: HTTPLimits = field(default_factory=HTTPLimits)
     chat_template: str | None = None
     max_queue: int | None = None
-
-
-class APIKeyMiddleware:
-    """401 for a missing or wrong ``Authorization: Bearer`` key (pure ASGI: streams pass)."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS \
-                or scope.get("method") == "OPTIONS":
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"authorization")
-        if given == self.expected:
-            await self.app(scope, receive, send)
-            return
-        why = "missing" if given is None else "wrong"
-        response = JSONResponse(error_body(
-            f"{why} API key: send 'Authorization: Bearer <key>'", "authentication_error",
-            None, "invalid_api_key"), status_code=401)
-        await response(scope, receive, send)
 
 
 def _api_error_response(exc: APIError) -> JSONResponse:
@@ -116,8 +103,12 @@ def build_app(engine: LLMEngine, options: ServerOptions,
 
     app = FastAPI(title="glowlm", version=__version__, lifespan=lifespan)
     app.state.driver = driver
-    if options.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=options.api_key)
+    # Starlette runs the last added outermost: auth, then the body limits, then the app.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=options.limits.max_body_bytes,
+                       body_timeout=options.limits.body_timeout)
+    if options.api_keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=options.api_keys)
+    install_openapi(app, secured=bool(options.api_keys))
 
     @app.exception_handler(APIError)
     async def on_api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -132,6 +123,13 @@ def build_app(engine: LLMEngine, options: ServerOptions,
     @app.exception_handler(RequestValidationError)
     async def on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(error_body(str(exc.errors()[:1])), status_code=400)
+
+    @app.exception_handler(ClientDisconnect)
+    async def on_client_gone(raw: Request, _: ClientDisconnect) -> Response:
+        client = raw.client
+        logger.info("%s disconnected before its request was read",
+                    f"{client.host}:{client.port}" if client else "a client")
+        return Response(status_code=499)  # nobody reads it
 
     @app.exception_handler(Exception)
     async def on_bug(_: Request, exc: Exception) -> JSONResponse:
@@ -184,10 +182,12 @@ def build_app(engine: LLMEngine, options: ServerOptions,
             raise APIError("give exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
             msgs = [m.template_dict() for m in req.messages]
-            ids = await driver.run(chat.render, msgs, req.add_generation_prompt)
+            ids = await driver.run_tokenizer(chat.render, msgs, req.add_generation_prompt)
         else:
-            ids = await driver.run(driver.tokenize, req.prompt, req.add_special_tokens)
-        strs = await driver.run(driver.token_texts, ids) if req.return_token_strs else None
+            ids = await driver.run_tokenizer(driver.tokenize, req.prompt,
+                                             req.add_special_tokens)
+        strs = await driver.run_tokenizer(driver.token_texts, ids) \
+            if req.return_token_strs else None
         return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids,
                 "token_strs": strs}
 
@@ -197,7 +197,7 @@ def build_app(engine: LLMEngine, options: ServerOptions,
         completions.model_name(req.model)
         if any(not 0 <= t < engine.vocab_size for t in req.tokens):
             raise APIError(f"tokens must be in [0, {engine.vocab_size})", param="tokens")
-        text = await driver.run(engine.tokenizer.decode, req.tokens)
+        text = await driver.run_tokenizer(driver.tokenizer.decode, req.tokens)
         return {"prompt": text}
 
     return app
@@ -266,10 +266,15 @@ def serve(engine: LLMEngine, options: ServerOptions, sock: socket.socket, *,
     """Run uvicorn on an already bound socket until Ctrl-C / SIGTERM."""
     app = build_app(engine, options, executor)
     host, port = sock.getsockname()[:2]
+    limits = options.limits
+    if limits.limit_concurrency:
+        raise_open_file_limit(limits.limit_concurrency + 256)
     # uvicorn's own timeout is only a backstop: GracefulServer ends requests first.
     config = uvicorn.Config(app, log_level="info", access_log=access_log,
                             timeout_graceful_shutdown=graceful_shutdown_timeout + 10,
-                            timeout_keep_alive=5)
+                            timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
+                            limit_concurrency=limits.limit_concurrency,
+                            http=guarded_protocol(limits.header_timeout))
     logger.info("serving %s on http://%s:%d (OpenAI API under /v1)",
                 json.dumps(options.served_model_names), host, port)
     GracefulServer(config, app.state.driver, graceful_shutdown_timeout).run(sockets=[sock])

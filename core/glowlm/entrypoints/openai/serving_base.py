@@ -43,6 +43,15 @@ from glowlm.sampling.params import SamplingParams
 #: vLLM's stand-in for -inf, which JSON cannot carry.
 _MIN_LOGPROB = -9999.0
 
+#: Stop strings are matched against the text after every token, so their number and
+#: length bound the per-token work a request may ask for (OpenAI allows 4).
+MAX_STOP_STRINGS = 256
+MAX_STOP_CHARS = 4096
+
+#: The character bound of :meth:`OpenAIServing.check_prompt_chars` is this many times
+#: (context length x longest token): slack for normalizers that shorten text (NFC).
+_CHAR_SLACK = 2
+
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -133,6 +142,24 @@ class OpenAIServing:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
         self.max_num_seqs = engine.config.max_num_seqs
+        per_token = driver.max_token_chars
+        self.max_prompt_chars = (_CHAR_SLACK * per_token * self.max_model_len
+                                 if per_token else None)
+
+    def check_prompt_chars(self, chars: int, param: str) -> None:
+        """Refuse, before tokenizing, text that cannot fit the context whatever it says.
+
+        No token covers more characters than the vocabulary's longest token string,
+        so a text of more than ``max_model_len x that`` characters (x2 for normalizers)
+        has more tokens than the context holds. Checking the length costs nothing;
+        tokenizing megabytes costs seconds and memory.
+        """
+        limit = self.max_prompt_chars
+        if limit is not None and chars > limit:
+            raise APIError(f"{param} is too long: {chars} characters cannot fit this model's "
+                           f"context of {self.max_model_len} tokens (at most {limit} "
+                           "characters are tokenized)", param=param,
+                           code="context_length_exceeded")
 
     def model_name(self, requested: str | None) -> str:
         if requested is None or requested in self.model_names:
@@ -163,6 +190,10 @@ class OpenAIServing:
     def sampling_params(self, req: SamplingRequest, *, max_tokens: int | None,
                         logprobs: int | None, prompt_logprobs: int | None = None,
                         max_tokens_field: str = "max_tokens") -> SamplingParams:
+        stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+        if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise APIError(f"stop: at most {MAX_STOP_STRINGS} strings of at most "
+                           f"{MAX_STOP_CHARS} characters each", param="stop")
         if req.n > self.max_num_seqs:
             raise APIError(f"n={req.n} exceeds this server's --max-num-seqs "
                            f"({self.max_num_seqs})", param="n")
@@ -272,6 +303,10 @@ async def with_stream_tail(chunks: AsyncIterator[str], head: dict[str, Any], usa
 
 
 def stream_error(exc: BaseException) -> str:
-    status = 503 if isinstance(exc, RequestsCancelled) else 500
-    typ = "service_unavailable" if status == 503 else "server_error"
-    return sse({"error": {"message": str(exc), "type": typ, "param": None, "code": status}})
+    """The error event ending a stream: the same ``type`` and (string) ``code`` as the
+    plain-body error of the same failure (see :meth:`OpenAIServing.collect`)."""
+    if isinstance(exc, RequestsCancelled):
+        typ, code = "service_unavailable", "shutting_down"
+    else:
+        typ, code = "server_error", "engine_failure"
+    return sse({"error": {"message": str(exc), "type": typ, "param": None, "code": code}})

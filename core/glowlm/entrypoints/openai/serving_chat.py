@@ -3,7 +3,7 @@
 The template is the tokenizer's own, or the file given with ``--chat-template``.
 The rendered text is tokenized without adding special tokens, because templates
 write their own (a second BOS would change the model's output). Rendering runs
-on the engine thread like every other tokenizer call.
+on the tokenizer thread like every other tokenizer call.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class OpenAIServingChat(OpenAIServing):
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                kwargs: dict[str, Any] | None = None) -> list[int]:
-        """Engine thread only: the conversation's prompt token ids."""
-        tok = self.driver.engine.tokenizer
+        """Tokenizer thread only: the conversation's prompt token ids."""
+        tok = self.driver.tokenizer
         if self.chat_template is None and not getattr(tok, "chat_template", None):
             raise APIError("this model's tokenizer has no chat template; start the server "
                            "with --chat-template FILE, or use /v1/completions",
@@ -87,7 +87,9 @@ class OpenAIServingChat(OpenAIServing):
                                       max_tokens_field=field)
         self.check_queue(1)
         messages = [m.template_dict() for m in req.messages]
-        ids = await self.driver.run(self.render, messages, req.add_generation_prompt,
+        self.check_prompt_chars(sum(len(str(m.get("content") or "")) for m in messages),
+                                "messages")
+        ids = await self.driver.run_tokenizer(self.render, messages, req.add_generation_prompt,
                                     req.chat_template_kwargs)
         self.check_prompt(ids, params, "messages", field)
         request_id = random_id("chatcmpl")

@@ -87,12 +87,17 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
                                       prompt_logprobs=prompt_logprobs)
         self.check_queue(len(prompts))
-        prompt_ids = await self.driver.run(self._tokenize_all, prompts)
+        for p in prompts:
+            if isinstance(p, str):
+                self.check_prompt_chars(len(p), "prompt")
+            elif len(p) >= self.max_model_len:
+                self.check_prompt(p, params, "prompt")
+        prompt_ids = await self.driver.run_tokenizer(self._tokenize_all, prompts)
         for ids in prompt_ids:
             self.check_prompt(ids, params, "prompt")
         batch = _Batch(random_id("cmpl"), model, now(), req.n, req.logprobs, [], prompt_ids)
         if req.echo:
-            batch.echo_texts, batch.echo_token_texts = await self.driver.run(
+            batch.echo_texts, batch.echo_token_texts = await self.driver.run_tokenizer(
                 self._echo_texts, prompts, prompt_ids)
         group = self.driver.group()
         engine_prompts = [{"prompt_token_ids": ids, "prompt": p if isinstance(p, str) else None}
@@ -107,14 +112,14 @@ class OpenAIServingCompletion(OpenAIServing):
             return Response(status_code=499)  # the client is gone; nobody reads this
         return JSONResponse(self._response(batch, finals).model_dump())
 
-    # -- engine-thread helpers ----------------------------------------------------------
+    # -- tokenizer-thread helpers -------------------------------------------------------
 
     def _tokenize_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
         return [self.driver.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
 
     def _echo_texts(self, prompts: list[str | list[int]], prompt_ids: list[list[int]]
                     ) -> tuple[list[str], list[list[str]]]:
-        tok = self.driver.engine.tokenizer
+        tok = self.driver.tokenizer
         texts = [p if isinstance(p, str) else tok.decode(ids)
                  for p, ids in zip(prompts, prompt_ids, strict=True)]
         return texts, [self.driver.token_texts(ids) for ids in prompt_ids]
