@@ -1,4 +1,9 @@
-"""Load a local Hugging Face directory: config, tokenizer, generation defaults, weights.
+"""Load a model: config, tokenizer, generation defaults, weights.
+
+The model is a local Hugging Face directory, a GGUF file, or an ``ORG/NAME`` id in
+the Hugging Face cache (:mod:`glowlm.model_loader.resolve`); a GGUF file's metadata
+is read through a converted directory and its tensors from the file itself
+(:mod:`glowlm.model_loader.gguf`).
 
 Every failure a user can cause (missing file, wrong shape, unknown architecture,
 pickle weights) becomes one :class:`~glowlm.errors.ModelLoadError` line naming the
@@ -37,6 +42,14 @@ class ModelDir:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     max_position_embeddings: int = 2048
     quantization_config: dict[str, Any] | None = None
+    #: The weights, when they come from a GGUF file (``path`` then holds the metadata).
+    gguf_file: Path | None = None
+    #: What the user named (a path, ``ORG/NAME``, ``default``), for log lines.
+    source: str = ""
+
+    @property
+    def display(self) -> str:
+        return str(self.gguf_file or self.path)
 
 
 @dataclass
@@ -55,12 +68,14 @@ def _model_dtype(hf_config: Any) -> torch.dtype:
     return torch.float32
 
 
-def read_model_dir(path: str | Path) -> ModelDir:
-    """Read config.json and generation_config.json; no weights, no tokenizer."""
-    model_dir = Path(path).expanduser()
-    if not model_dir.is_dir():
-        raise ModelLoadError(f"model directory {model_dir} does not exist (glowlm reads local "
-                             "directories in Hugging Face format)")
+def read_model_dir(path: str | Path | None, revision: str | None = None,
+                   gguf_file: str | None = None) -> ModelDir:
+    """Resolve MODEL, then read config.json and generation_config.json; no weights, no
+    tokenizer."""
+    from glowlm.model_loader.resolve import resolve_model
+
+    source = resolve_model(path, revision, gguf_file)
+    model_dir = source.path
     config_file = model_dir / "config.json"
     if not config_file.exists():
         raise ModelLoadError(f"{config_file} is missing")
@@ -94,34 +109,42 @@ def read_model_dir(path: str | Path) -> ModelDir:
                                                  "repetition_penalty") if k in gen},
         max_position_embeddings=int(max_pos),
         quantization_config=raw.get("quantization_config"),
+        gguf_file=source.gguf_file, source=source.spec,
     )
 
 
 def load_model(info: ModelDir, parts: ModelParts, allow_pickle: bool = False,
                show_progress: bool = True) -> LoadedModel:
     """Build the model for ``parts`` (dtype, platform ops, backend) and read its weights."""
-    files = weight_files(info.path, allow_pickle)
     cls = model_class(getattr(info.hf_config, "architectures", None))
+    if info.gguf_file is not None:
+        from glowlm.model_loader import gguf
+
+        tensors = gguf.iterate_tensors(info.gguf_file, info.hf_config, parts.dtype)
+        total: int | None = gguf.count_tensors(info.gguf_file)
+    else:
+        files = weight_files(info.path, allow_pickle)
+        tensors = iterate_tensors(files, parts.dtype)
+        total = count_tensors(files) or None
     with torch.device("cpu"):
         model = cls(info.hf_config, parts)
     model.eval()
-    total = count_tensors(files) or None
     bar = tqdm(total=total, desc="Loading weights", unit="tensor", file=sys.stderr,
                disable=not show_progress, leave=False)
     try:
-        loaded = model.load_weights(iterate_tensors(files, parts.dtype), progress=bar.update)
+        loaded = model.load_weights(tensors, progress=bar.update)
     finally:
         bar.close()
     missing = sorted(model.expected_names() - loaded)
     if missing:
         shown = ", ".join(m.replace("#", " shard ") for m in missing[:3])
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise ModelLoadError(f"{info.path}: the checkpoint lacks tensor(s) {shown}{more}")
+        raise ModelLoadError(f"{info.display}: the checkpoint lacks tensor(s) {shown}{more}")
     for module in model.modules():
         method = getattr(module, "method", None)
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(module)
     logger.info("loaded %s (%s, %.0fM parameters) from %s", cls.__name__,
                 str(parts.dtype).removeprefix("torch."),
-                sum(p.numel() for p in model.parameters()) / 1e6, info.path)
+                sum(p.numel() for p in model.parameters()) / 1e6, info.display)
     return LoadedModel(model, parts, info)

@@ -1,0 +1,380 @@
+"""GGUF files: header and metadata, Hugging Face names, tensors dequantized on the fly.
+
+A GGUF file carries everything a model directory does (config, tokenizer, chat
+template, weights) in one file, in llama.cpp's naming. glowlm reads it in two
+parts so the rest of the engine sees an ordinary Hugging Face model:
+
+* **Metadata** becomes a small directory (``config.json``, ``generation_config.json``,
+  tokenizer files) under :envvar:`GLOWLM_GGUF_CACHE`, converted once per file with
+  transformers' GGUF conversion (config and tokenizer) and reused while the file's
+  size and modification time are unchanged. The conversion takes seconds (it walks
+  the whole vocabulary); reading the cached directory takes milliseconds.
+* **Tensors** are renamed to the Hugging Face names the models load, undo the two
+  layout changes llama.cpp's converter makes (Llama's q/k rows are permuted for its
+  rotary layout; Gemma's norm weights have the +1 baked in), and are dequantized to
+  the run dtype one tensor at a time, so peak memory stays the model plus one tensor.
+
+Every problem a user can cause (not a GGUF file, a truncated file, an architecture
+or tensor type glowlm does not read) is one :class:`~glowlm.errors.ModelLoadError`
+line naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from glowlm.errors import ModelLoadError
+from glowlm.logger import init_logger
+
+logger = init_logger(__name__)
+
+MAGIC = b"GGUF"
+#: Bumped when the metadata conversion changes, so old cached directories are redone.
+CONVERTER_VERSION = 1
+#: GGUF ``general.architecture`` -> the Hugging Face architecture glowlm builds.
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+#: Tensor types read (and what they are): the float types as they are, the rest
+#: dequantized. Q8_0/Q4_0/Q4_1 (32-element blocks, one scale (and min)) are done in
+#: torch here; the K-quants and Q5 types through the ``gguf`` package's numpy code.
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K",
+                   "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+#: llama.cpp tensor name (inside a block) -> Hugging Face name (inside ``model.layers.N``).
+_LLAMA_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+#: Gemma 3 has four norms per layer; llama.cpp's ``ffn_norm`` is its pre-MLP norm.
+_GEMMA3_LAYER = {
+    **_LLAMA_LAYER,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+           "output": "lm_head"}
+
+
+def _reader(path: Path) -> Any:
+    """A ``gguf.GGUFReader`` for ``path``, or one readable line saying why not."""
+    try:
+        import gguf
+    except ImportError:
+        raise ModelLoadError("reading GGUF files needs the `gguf` package: "
+                             "pip install gguf") from None
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read ({exc.strerror})") from None
+    if magic != MAGIC:
+        raise ModelLoadError(f"{path}: not a GGUF file (it starts with {magic!r}, not "
+                             f"{MAGIC!r})")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001 - the reader raises several types on bad files
+        raise ModelLoadError(f"{path}: broken or truncated GGUF file ({type(exc).__name__}: "
+                             f"{exc})") from None
+    size = path.stat().st_size
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size:
+            raise ModelLoadError(f"{path}: truncated GGUF file: tensor {t.name} ends at byte "
+                                 f"{end:,} but the file has {size:,} bytes")
+    return reader
+
+
+def field(reader: Any, key: str, default: Any = None) -> Any:
+    """A metadata value (str, number, list), or ``default`` when absent."""
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except Exception:  # noqa: BLE001 - a malformed field reads as absent
+        return default
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """What the header says, before any conversion."""
+
+    path: Path
+    architecture: str       # GGUF general.architecture
+    hf_architecture: str    # what glowlm builds
+    name: str
+    tensor_types: dict[str, int]
+    num_tensors: int
+
+    @property
+    def quantized(self) -> bool:
+        return any(t not in ("F32", "F16", "BF16") for t in self.tensor_types)
+
+
+def inspect(path: str | Path) -> GGUFInfo:
+    """Read the header: architecture, tensor types; checks the file is complete."""
+    path = Path(path)
+    reader = _reader(path)
+    arch = field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported; "
+                             f"supported: {', '.join(sorted(ARCHITECTURES))}")
+    types: dict[str, int] = {}
+    for t in reader.tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    unknown = sorted(set(types) - set(SUPPORTED_TYPES))
+    if unknown:
+        raise ModelLoadError(f"{path}: tensor type(s) {', '.join(unknown)} are not supported "
+                             f"(supported: {', '.join(SUPPORTED_TYPES)})")
+    return GGUFInfo(path, arch, ARCHITECTURES[arch], str(field(reader, "general.name", path.stem)),
+                    types, len(reader.tensors))
+
+
+def _file_dtype(info: GGUFInfo) -> str:
+    """The dtype the model runs in by default: bf16 for quantized files (their weights
+    are dequantized, and bf16 keeps them at half the bytes of fp32), else the file's."""
+    floats = {t: n for t, n in info.tensor_types.items() if t in ("F16", "BF16")}
+    if info.quantized or not floats:
+        return "bfloat16" if info.quantized else "float32"
+    return "float16" if max(floats, key=floats.__getitem__) == "F16" else "bfloat16"
+
+
+def cache_root() -> Path:
+    from glowlm import envs
+
+    return Path(envs.get().gguf_cache).expanduser()
+
+
+def metadata_dir(path: str | Path, root: Path | None = None) -> Path:
+    """A Hugging Face style directory (config, tokenizer, generation config) for ``path``.
+
+    Converted once per file version and cached; a half-written conversion is never
+    used (it is built in a temporary directory and renamed into place).
+    """
+    path = Path(path).resolve()
+    info = inspect(path)
+    st = path.stat()
+    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}".encode()
+                         ).hexdigest()[:16]
+    out = (root or cache_root()) / f"{path.stem}-{key}"
+    if (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    logger.info("converting the GGUF metadata of %s (once; cached in %s)", path.name, out)
+    try:
+        _convert(path, info, tmp)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _convert(path: Path, info: GGUFInfo, out: Path) -> None:
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types
+        raise ModelLoadError(f"{path}: cannot read the model config from the GGUF metadata "
+                             f"({type(exc).__name__}: {exc})") from None
+    raw = config.to_dict()
+    raw["architectures"] = [info.hf_architecture]
+    raw["torch_dtype"] = _file_dtype(info)
+    raw.pop("_name_or_path", None)
+    raw.pop("_model_name_or_path", None)
+    (out / "config.json").write_text(json.dumps(raw, indent=2, default=str))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"{path}: cannot build the tokenizer from the GGUF metadata "
+                             f"({type(exc).__name__}: {exc})") from None
+    tok.save_pretrained(str(out))
+    reader = _reader(path)
+    gen: dict[str, Any] = {}
+    for key, name in (("tokenizer.ggml.bos_token_id", "bos_token_id"),
+                      ("tokenizer.ggml.eos_token_id", "eos_token_id"),
+                      ("tokenizer.ggml.padding_token_id", "pad_token_id")):
+        value = field(reader, key)
+        if isinstance(value, int):
+            gen[name] = value
+    eos = _end_of_turn_ids(tok, gen.get("eos_token_id"))
+    if eos:
+        gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    (out / "gguf_source.json").write_text(json.dumps({
+        "file": str(path), "architecture": info.architecture, "name": info.name,
+        "tensor_types": info.tensor_types, "transformers": transformers.__version__,
+        "converter_version": CONVERTER_VERSION}, indent=2))
+
+
+def _end_of_turn_ids(tok: Any, eos: int | None) -> list[int]:
+    """The file's EOS plus the chat template's end-of-turn token when it differs.
+
+    Instruct GGUFs often name ``<|endoftext|>`` as EOS while their chat template ends
+    every turn with ``<|im_end|>`` or ``<end_of_turn>``; without the latter a chat
+    reply would run on into a made-up next turn.
+    """
+    ids = [eos] if isinstance(eos, int) else []
+    template = getattr(tok, "chat_template", None) or ""
+    for marker in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
+        if marker in template:
+            tid = tok.convert_tokens_to_ids(marker)
+            if isinstance(tid, int) and tid >= 0 and tid != tok.unk_token_id and tid not in ids:
+                ids.append(tid)
+    return ids
+
+
+# -- tensors ------------------------------------------------------------------------
+
+
+def hf_name(arch: str, name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None for tensors glowlm derives
+    itself (``rope_freqs``: the rotary tables come from the config)."""
+    stem, _, suffix = name.rpartition(".")
+    if suffix not in ("weight", "bias"):
+        return None
+    m = _LAYER.match(stem)
+    if m:
+        table = _GEMMA3_LAYER if arch == "gemma3" else _LLAMA_LAYER
+        part = table.get(m.group(2))
+        return None if part is None else f"model.layers.{m.group(1)}.{part}.{suffix}"
+    base = _GLOBAL.get(stem)
+    return None if base is None else f"{base}.{suffix}"
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation (rotary pairs interleaved -> halves)."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _blocks(data: np.ndarray, block_bytes: int) -> torch.Tensor:
+    # A copy: the reader's arrays are read-only views of the memory-mapped file.
+    raw = torch.from_numpy(np.array(data, copy=True).reshape(-1))
+    return raw.view(-1, block_bytes)
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """16 bytes -> 32 values: the low nibbles are elements 0-15, the high ones 16-31."""
+    return torch.cat([qs & 0x0F, qs >> 4], dim=1)
+
+
+def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """One GGUF tensor as float32 of ``shape`` (rows, columns)."""
+    if type_name in ("F32", "F16"):
+        return torch.from_numpy(np.array(data, copy=True)).reshape(shape).float()
+    if type_name == "BF16":
+        raw = torch.from_numpy(np.array(data, copy=True).view(np.int16))
+        return raw.view(torch.bfloat16).reshape(shape).float()
+    if type_name == "Q8_0":  # f16 scale, 32 x int8
+        b = _blocks(data, 34)
+        d = b[:, :2].contiguous().view(torch.float16).float()
+        q = b[:, 2:].contiguous().view(torch.int8).float()
+        return (q * d).reshape(shape)
+    if type_name == "Q4_0":  # f16 scale, 16 bytes of nibbles; value = (q - 8) * d
+        b = _blocks(data, 18)
+        d = b[:, :2].contiguous().view(torch.float16).float()
+        q = _nibbles(b[:, 2:]).float() - 8.0
+        return (q * d).reshape(shape)
+    if type_name == "Q4_1":  # f16 scale, f16 min, 16 bytes; value = q * d + m
+        b = _blocks(data, 20)
+        d = b[:, :2].contiguous().view(torch.float16).float()
+        m = b[:, 2:4].contiguous().view(torch.float16).float()
+        q = _nibbles(b[:, 4:]).float()
+        return (q * d + m).reshape(shape)
+    import gguf
+    from gguf.quants import dequantize as np_dequantize
+
+    out = np_dequantize(np.asarray(data), gguf.GGMLQuantizationType[type_name])
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(shape)
+
+
+def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype
+                    ) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """Yield ``(hf_name, load)`` for every tensor the model reads; ``load()`` dequantizes
+    that one tensor to ``dtype`` (floats) when called."""
+    path = Path(path)
+    reader = _reader(path)
+    arch = field(reader, "general.architecture")
+    n_head = int(getattr(hf_config, "num_attention_heads", 0) or 0)
+    n_kv = int(getattr(hf_config, "num_key_value_heads", 0) or n_head)
+    for t in reader.tensors:
+        name = hf_name(arch, t.name)
+        if name is None:
+            continue
+        # GGUF lists dimensions fastest-first; torch wants (rows, columns).
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+
+        def load(t: Any = t, name: str = name, shape: tuple[int, ...] = shape) -> torch.Tensor:
+            try:
+                w = dequantize(t.data, t.tensor_type.name, shape)
+            except (ValueError, RuntimeError) as exc:
+                raise ModelLoadError(f"{path}: cannot read tensor {t.name} "
+                                     f"({t.tensor_type.name}, {shape}): {exc}") from None
+            if arch == "llama" and n_head and name.endswith(("q_proj.weight", "q_proj.bias")):
+                w = _unpermute(w, n_head)
+            elif arch == "llama" and n_head and name.endswith(("k_proj.weight", "k_proj.bias")):
+                w = _unpermute(w, n_kv)
+            if arch == "gemma3" and name.endswith("norm.weight"):
+                w = w - 1.0  # the converter stores Gemma's (1 + w); the model applies 1 + w
+            return w.to(dtype)
+
+        yield name, load
+
+
+def count_tensors(path: str | Path) -> int:
+    return inspect(path).num_tensors
+
+
+def is_gguf(path: str | Path) -> bool:
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == MAGIC
+    except OSError:
+        return False
+
+
+def weight_bytes(path: str | Path, elem: int) -> tuple[int, int]:
+    """(bytes, largest tensor's bytes) once every tensor is dequantized to ``elem``-byte
+    floats: what the memory plan needs before loading."""
+    reader = _reader(Path(path))
+    sizes = [int(np.prod(t.shape.tolist())) * elem for t in reader.tensors]
+    return sum(sizes), max(sizes, default=0)
