@@ -40,6 +40,11 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
                                     "a platform's fused layer or stack op"),
     "GLOWLM_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
     # glowlm serve (flags of the same meaning win over these):
+    "GLOWLM_LINEAR_IMPL": ("", "pin one linear implementation (glowlm, torch, zentorch, ...) "
+                               "for every layer that offers it; 'default': no measured "
+                               "choice; empty: measure each shape at load (cached)"),
+    "GLOWLM_LINEAR_CHOICE_CACHE": ("~/.cache/glowlm/linear_choice",
+                                   "where the measured per-shape linear choice is cached"),
     "GLOWLM_API_KEY": ("", "API key the server requires when no --api-key is given"),
     "GLOWLM_MAX_REQUEST_BODY_BYTES": ("8388608", "largest request body the server reads "
                                                  "(413 past it)"),
@@ -70,6 +75,8 @@ class Env:
     log_level: str
 
 
+    linear_impl: str | None  # None: measure; "default": off; else a candidate name
+    linear_choice_cache: str
 def _bool(name: str, raw: str) -> bool:
     if raw.strip().lower() in ("1", "true", "yes", "on"):
         return True
@@ -129,6 +136,8 @@ def parse(environ: Mapping[str, str]) -> Env:
     )
 
 
+        linear_impl=raw("GLOWLM_LINEAR_IMPL").strip().lower() or None,
+        linear_choice_cache=os.path.expanduser(raw("GLOWLM_LINEAR_CHOICE_CACHE")),
 def parse_bool(name: str, raw: str) -> bool:
     """A :class:`Setting` parser: ``1/true/yes/on`` or ``0/false/no/off/''``."""
     return _bool(name, raw)

@@ -21,7 +21,8 @@ What is here, by concern:
 - platforms: :class:`Platform`, :class:`Match`, :class:`Capabilities`, the host
   description (:class:`HostInfo`, :func:`from_dump`, :func:`live_host`), dtype names;
 - parts: :class:`AttentionBackend` with :class:`AttentionMetadata` and
-  :class:`AttentionLayerSpec`, :class:`LinearMethod`, :class:`OpsTable`, the fused
+  :class:`AttentionLayerSpec`, :class:`LinearMethod` with the measured choice's
+  :class:`LinearCandidate` (and :data:`TORCH_LINEAR`), :class:`OpsTable`, the fused
   layer contract (:class:`DecoderLayerWeights` and the OPT/GPT-2 and Llama-family
   forms), and core's references (:class:`ReferenceAttentionBackend`,
   :class:`UnquantizedLinearMethod`, :data:`REFERENCE_OPS`, :mod:`reference_ops`);
@@ -57,6 +58,7 @@ from glowlm.errors import (
 )
 from glowlm.layers.context import ModelParts
 from glowlm.layers.linear import LinearMethod, UnquantizedLinearMethod
+from glowlm.layers.linear_choice import TORCH_LINEAR, LinearCandidate
 from glowlm.layers.quantization import QuantizationConfig
 from glowlm.logger import init_logger
 from glowlm.models.base import CausalLM
@@ -107,12 +109,12 @@ def core_env() -> Env:
 __all__ = [
     "API_ATTRIBUTE", "DTYPE_NAMES", "ENTRY_POINT_GROUP", "PLUGIN_API_VERSION", "REFERENCE_OPS",
     "AttentionBackend", "AttentionLayerSpec", "AttentionMetadata", "Capabilities", "CausalLM",
-    "ConfigError", "DecoderLayerWeights", "Env", "GlowlmError", "HostInfo", "LinearMethod",
-    "LnDecoderLayerFn", "LnDecoderStackFn", "LnDecoderWeights", "Match", "ModelLoadError",
-    "ModelParts", "NumaNode", "OpsTable", "Platform", "PlatformError", "PluginError",
-    "QuantizationConfig", "ReferenceAttentionBackend", "RmsDecoderLayerFn",
-    "RmsDecoderStackFn", "RmsDecoderWeights", "Rotary", "Setting", "UnquantizedLinearMethod",
-    "core_env", "dtype_name", "from_dump", "from_files", "hookimpl", "init_logger",
-    "kv_bytes_per_token", "live_host", "parse_bool", "parse_choice", "parse_dtype",
-    "parse_int", "parse_str", "reference_ops", "register_model",
+    "ConfigError", "DecoderLayerWeights", "Env", "GlowlmError", "HostInfo", "LinearCandidate",
+    "LinearMethod", "LnDecoderLayerFn", "LnDecoderStackFn", "LnDecoderWeights", "Match",
+    "ModelLoadError", "ModelParts", "NumaNode", "OpsTable", "Platform", "PlatformError",
+    "PluginError", "QuantizationConfig", "ReferenceAttentionBackend", "RmsDecoderLayerFn",
+    "RmsDecoderStackFn", "RmsDecoderWeights", "Rotary", "Setting", "TORCH_LINEAR",
+    "UnquantizedLinearMethod", "core_env", "dtype_name", "from_dump", "from_files", "hookimpl",
+    "init_logger", "kv_bytes_per_token", "live_host", "parse_bool", "parse_choice",
+    "parse_dtype", "parse_int", "parse_str", "reference_ops", "register_model",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,9 @@ from torch import nn
 from glowlm.distributed.parallel import divide
 from glowlm.errors import ModelLoadError
 from glowlm.layers.context import ModelParts
+
+if TYPE_CHECKING:
+    from glowlm.layers.linear_choice import LinearCandidate
 
 
 class LinearMethod(ABC):
@@ -51,6 +55,13 @@ class LinearMethod(ABC):
               ) -> torch.Tensor:
         """``x``: ``[tokens, input_size]`` -> ``[tokens, sum(output_partition_sizes)]``."""
 
+    def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
+        """Implementations of :meth:`apply` for ``layer`` that the measured choice may
+        time against each other at load (:mod:`glowlm.layers.linear_choice`); the first
+        is the default. Empty (the default): ``apply`` runs as written, never measured.
+        """
+        return []
+
 
 class UnquantizedLinearMethod(LinearMethod):
     """Dense weights in the model dtype, multiplied by torch's GEMM."""
@@ -66,6 +77,11 @@ class UnquantizedLinearMethod(LinearMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
               ) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
+
+    def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
+        from glowlm.layers.linear_choice import TORCH_LINEAR
+
+        return [TORCH_LINEAR]
 
 
 def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:

@@ -204,3 +204,14 @@ class Platform:
         from glowlm.layers.linear import UnquantizedLinearMethod
 
         return UnquantizedLinearMethod()
+
+    def linear_candidates(self, layer):  # -> list[LinearCandidate]
+        """Extra linear implementations this platform offers for ``layer``, timed at load
+        beside the layer's method's own (:mod:`glowlm.layers.linear_choice`).
+
+        The way a plugin adds a candidate without replacing the linear method: a
+        platform subclass returns ``super().linear_candidates(layer) + [mine]``, each a
+        :class:`~glowlm.layers.linear_choice.LinearCandidate` whose ``supports(layer)``
+        says which layers it runs. Default: none.
+        """
+        return []

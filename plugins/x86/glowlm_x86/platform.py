@@ -162,13 +162,16 @@ class X86Platform(Platform):
             make_rms_decoder_layer,
             make_rms_decoder_stack,
         )
-        from glowlm_x86.kernels.linear import X86LinearMethod, dense_linear
+        from glowlm_x86.kernels.linear import dense_linear
 
         # The fused layer runs the x86 GEMV/GEMM itself, so only a platform whose dense
-        # linear method is that one offers it (Zen's goes to zentorch instead).
+        # linear method runs those kernels offers it (Zen's only with the measured
+        # choice, which keeps the fused ops for the token classes where they win:
+        # glowlm.layers.linear_choice).
         linear = self.unquantized_linear_method()
         attention = self.attention_backend()
-        fuse = isinstance(linear, X86LinearMethod) and isinstance(attention, X86AttentionBackend)
+        fuse = (getattr(linear, "runs_fused_kernels", False)
+                and isinstance(attention, X86AttentionBackend))
         return OpsTable(rms_norm=ops.rms_norm, fused_add_rms_norm=ops.fused_add_rms_norm,
                         layer_norm=ops.layer_norm, rotary_embedding=ops.rotary_embedding,
                         silu_and_mul=ops.silu_and_mul, gelu=ops.gelu, gelu_tanh=ops.gelu_tanh,
@@ -183,11 +186,12 @@ class X86Platform(Platform):
                         if fuse else None)
 
     def unquantized_linear_method(self) -> LinearMethod:
-        if self.kernels() is None:
+        library = self.kernels()
+        if library is None:
             return super().unquantized_linear_method()
         from glowlm_x86.kernels.linear import X86LinearMethod
 
-        return X86LinearMethod()
+        return X86LinearMethod(kernel_version=library.name)
 
 
 def is_amd_avx512(host: HostInfo) -> bool:

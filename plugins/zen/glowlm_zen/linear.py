@@ -1,8 +1,8 @@
 """Dense linear layers on zentorch's ZenDNN kernels.
 
-Untested here: zentorch only installs and runs on AMD Zen hosts, and glowlm's CI
-has none, so this module is exercised only on real Zen 4/5 machines. It is
-written defensively: the zentorch operators are looked up by name at
+Tested wherever zentorch imports (plugins/zen/tests/test_zentorch_linear.py; it
+installs from PyPI on any x86_64 Linux, and runs on AMD Zen 4/5). It is written
+defensively: the zentorch operators are looked up by name at
 load time, and if the installed zentorch lacks them the layer keeps torch's
 ``F.linear`` (oneDNN) and says so once, instead of failing mid-request.
 
@@ -16,7 +16,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from glowlm.plugin_api import UnquantizedLinearMethod, init_logger
+from glowlm.plugin_api import (
+    TORCH_LINEAR,
+    LinearCandidate,
+    UnquantizedLinearMethod,
+    init_logger,
+)
 from torch import nn
 
 logger = init_logger(__name__)
@@ -34,34 +39,123 @@ def _zentorch_op(name: str):
         return None
 
 
-class ZentorchLinearMethod(UnquantizedLinearMethod):
-    """Dense weights, optionally prepacked into ZenDNN's blocked layout at load.
+def _zentorch_weight(layer: nn.Module) -> bool:
+    w = getattr(layer, "weight", None)
+    return (isinstance(w, torch.Tensor) and w.dim() == 2
+            and w.dtype in (torch.bfloat16, torch.float32))
 
-    ``prepack`` comes from ``GLOWLM_ZENTORCH_WEIGHT_PREPACK`` (via the platform):
-    a one-time repack after loading that makes every later GEMM cheaper. Weights
-    are created exactly like core's unquantized method, so checkpoints load the
-    same way; only :meth:`process_weights_after_loading` and :meth:`apply` differ.
+
+def _zentorch_version() -> str:
+    try:
+        from importlib import metadata
+
+        return metadata.version("zentorch")
+    except Exception:  # noqa: BLE001 - only a cache key
+        return "unknown"
+
+
+class ZentorchLinearMethod(UnquantizedLinearMethod):
+    """Dense weights for zentorch's linear, which needs its own weight layout.
+
+    zentorch 2.13's ``zentorch_linear_unary`` reads an unpacked weight as ``[in, out]``
+    memory (the layout of ``W.t()``), not as the ``[out, in]`` rows a checkpoint
+    holds: given a plain weight it returns wrong numbers (relative error ~1.4,
+    ``plugins/zen/tests/test_zentorch_linear.py``). So a weight is always converted:
+    prepacked into ZenDNN's blocked layout (``prepack``, from
+    ``GLOWLM_ZENTORCH_WEIGHT_PREPACK``, the default: faster GEMMs) or stored
+    transposed in place (same shape and bytes, strides ``(1, out)``).
+
+    With the measured choice (``measured=True``, :mod:`glowlm.layers.linear_choice`)
+    loading keeps plain weights, which the other candidates — glowlm's kernels
+    (``glowlm``, given by the platform when they loaded) and torch's ``F.linear`` —
+    read; zentorch is timed on a prepacked copy, and the choice then prepacks in
+    place the layers that use zentorch for every token class (``finalize``), keeps a
+    prepacked copy beside the plain weight where zentorch wins only some classes
+    (that layer's weight memory doubles), and drops the copy elsewhere (``release``).
+    Without it (``GLOWLM_LINEAR_IMPL=default``) every layer is converted at load, as
+    before. Weights are created exactly like core's unquantized method, so
+    checkpoints load the same way.
     """
 
-    def __init__(self, prepack: bool = True) -> None:
+    def __init__(self, prepack: bool = True, measured: bool = False,
+                 glowlm: LinearCandidate | None = None, policy: object | None = None) -> None:
         self.prepack = prepack
+        self.measured = measured
+        self.glowlm = glowlm
+        #: The GEMV/GEMM policy of the x86 fused ops (glowlm_x86.platform.ops), which a
+        #: Zen engine runs where the measured choice picked glowlm's kernels.
+        self.policy = policy
+        self.runs_fused_kernels = measured and glowlm is not None and policy is not None
         self._linear = _zentorch_op("zentorch_linear_unary")
-        self._prepack = _zentorch_op("zentorch_weight_prepack_for_linear") if prepack else None
+        self._prepack = _zentorch_op("zentorch_weight_prepack_for_linear")
         if self._linear is None:
             logger.warning("zentorch has no zentorch_linear_unary operator; linear layers "
                            "use torch's F.linear (oneDNN) instead")
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         layer.zentorch_prepacked = False
-        if self._linear is None or self._prepack is None:
+        layer.zentorch_transposed = False
+        if self.measured or self._linear is None:
             return
-        packed = self._prepack(layer.weight.data)
+        if self.prepack and self._prepack is not None:
+            self.prepack_layer(layer)
+        else:
+            self.transpose_layer(layer)
+
+    def prepack_layer(self, layer: nn.Module) -> None:
+        """Repack ``layer.weight`` in place for ZenDNN (once), dropping any copy."""
+        if self._prepack is None or getattr(layer, "zentorch_prepacked", False):
+            return
+        packed = getattr(layer, "zentorch_weight", None)
+        if packed is None:
+            packed = self._prepack(layer.weight.data)
         layer.weight = nn.Parameter(packed, requires_grad=False)
         layer.zentorch_prepacked = True
+        self.drop_copy(layer)
+
+    def transpose_layer(self, layer: nn.Module) -> None:
+        """Store ``layer.weight`` transposed in place (``GLOWLM_ZENTORCH_WEIGHT_PREPACK=0``)."""
+        if getattr(layer, "zentorch_prepacked", False) or getattr(layer, "zentorch_transposed",
+                                                                  False):
+            return
+        layer.weight = nn.Parameter(layer.weight.data.t().contiguous().t(), requires_grad=False)
+        layer.zentorch_transposed = True
+        self.drop_copy(layer)
+
+    def drop_copy(self, layer: nn.Module) -> None:
+        if hasattr(layer, "zentorch_weight"):
+            del layer.zentorch_weight
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
               ) -> torch.Tensor:
         if self._linear is None:
             return F.linear(x, layer.weight, bias)
-        return self._linear(x, layer.weight, bias,
-                            is_weight_prepacked=getattr(layer, "zentorch_prepacked", False))
+        if getattr(layer, "zentorch_prepacked", False):
+            return self._linear(x, layer.weight, bias, is_weight_prepacked=True)
+        if getattr(layer, "zentorch_transposed", False):
+            return self._linear(x, layer.weight, bias)
+        return self._apply_copy(layer, x, bias)
+
+    def _apply_copy(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+                    ) -> torch.Tensor:
+        """zentorch on a prepacked copy beside the plain weight (made on first use)."""
+        packed = getattr(layer, "zentorch_weight", None)
+        if packed is None:
+            assert self._prepack is not None
+            packed = layer.zentorch_weight = self._prepack(layer.weight.data)
+        x2 = x.reshape(-1, x.shape[-1])
+        y = self._linear(x2, packed, bias, is_weight_prepacked=True)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
+        """zentorch (the default), glowlm's kernels when the platform gave them, torch."""
+        out: list[LinearCandidate] = []
+        if self._linear is not None and self._prepack is not None:
+            out.append(LinearCandidate(
+                "zentorch", _zentorch_version(), self.apply, _zentorch_weight,
+                finalize=self.prepack_layer if self.prepack else self.transpose_layer,
+                release=self.drop_copy))
+        if self.glowlm is not None:
+            out.append(self.glowlm)
+        out.append(TORCH_LINEAR)
+        return out

@@ -14,6 +14,7 @@ from glowlm.plugin_api import (
     HostInfo,
     Match,
     Setting,
+    core_env,
     init_logger,
     parse_bool,
     parse_dtype,
@@ -90,8 +91,22 @@ class ZenPlatform(X86Platform):
         return super().resolve_dtype(model_dtype, requested)
 
     def unquantized_linear_method(self):  # -> LinearMethod
-        """zentorch's linear for dense weights (prepacked when the env var says so)."""
+        """zentorch's linear for dense weights (prepacked when the env var says so).
+
+        With the measured choice (``GLOWLM_LINEAR_IMPL`` not ``default``), glowlm's own
+        x86 kernels, when they load, and torch's ``F.linear`` are candidates too: each
+        shape and token class runs the fastest (glowlm.layers.linear_choice).
+        """
         from glowlm_zen.linear import ZentorchLinearMethod
 
-        return ZentorchLinearMethod(prepack=self.weight_prepack)
+        measured = core_env().linear_impl != "default"
+        library = self.kernels() if measured else None
+        if library is None:
+            return ZentorchLinearMethod(prepack=self.weight_prepack, measured=measured)
+        from glowlm_x86.kernels.linear import GemmPolicy, glowlm_candidate
+
+        policy = GemmPolicy()
+        return ZentorchLinearMethod(prepack=self.weight_prepack, measured=True,
+                                    glowlm=glowlm_candidate(policy, library.name),
+                                    policy=policy)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from glowlm.layers.linear import UnquantizedLinearMethod
+from glowlm.layers.linear_choice import TORCH_LINEAR, LinearCandidate
 from torch import nn
 
 from glowlm_x86.kernels import ops
@@ -53,12 +54,43 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-class X86LinearMethod(UnquantizedLinearMethod):
-    """Dense weights; compiled GEMV for small M, compiled blocked GEMM above."""
+def _kernel_weight(layer: nn.Module) -> bool:
+    w = getattr(layer, "weight", None)
+    return isinstance(w, torch.Tensor) and w.dim() == 2 and w.dtype in KERNEL_DTYPES
 
-    def __init__(self, policy: GemmPolicy | None = None) -> None:
+
+def glowlm_candidate(policy: GemmPolicy, kernel_version: str) -> LinearCandidate:
+    """glowlm's GEMV/GEMM as a measured-choice candidate (``GLOWLM_LINEAR_IMPL=glowlm``).
+
+    ``fused=True``: the fused decoder layer and stack ops run this very kernel, so they
+    stay on for the token classes where it wins every linear they cover. The version
+    is the compiled module's name (ISA and C++ source hash), so a kernel change
+    measures again.
+    """
+    return LinearCandidate(
+        "glowlm", f"{kernel_version}-m{policy.gemv_max_m}",
+        lambda layer, x, bias: dense_linear(x, layer.weight, bias, policy),
+        _kernel_weight, fused=True)
+
+
+class X86LinearMethod(UnquantizedLinearMethod):
+    """Dense weights; compiled GEMV for small M, compiled blocked GEMM above.
+
+    Offers the measured choice glowlm's kernels first (the default), then torch's
+    ``F.linear`` (oneDNN: native bf16 / AMX where the CPU has them).
+    """
+
+    #: The platform's fused ops run this method's kernels (glowlm_x86.platform.ops).
+    runs_fused_kernels = True
+
+    def __init__(self, policy: GemmPolicy | None = None, kernel_version: str = "unknown"
+                 ) -> None:
         self.policy = policy or GemmPolicy()
+        self.kernel_version = kernel_version
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
               ) -> torch.Tensor:
         return dense_linear(x, layer.weight, bias, self.policy)
+
+    def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
+        return [glowlm_candidate(self.policy, self.kernel_version), TORCH_LINEAR]

@@ -1,0 +1,275 @@
+"""The measured per-shape linear choice (glowlm.layers.linear_choice).
+
+Real glowlm linear layers with real candidates: the slow one sleeps after a correct
+matmul (20 ms against microseconds, so which one loses is not a matter of timing
+noise), the broken one raises, the wrong one returns garbage. Nothing asserts a
+duration.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from glowlm.layers import linear_choice as lc
+from glowlm.layers.context import ModelParts
+from glowlm.layers.linear import ReplicatedLinear, UnquantizedLinearMethod
+from glowlm.layers.linear_choice import LinearCandidate, choose_for_model, token_class
+from glowlm.platforms.host import HostInfo
+from torch import nn
+
+HOST = HostInfo(machine="x86_64", system="Linux", model_name="Test CPU 1",
+                flags=frozenset({"avx2", "fma"}))
+
+
+def _dense(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, layer.weight, bias)
+
+
+class Recorder:
+    """Candidates that compute the right result and note which rows they saw."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def candidate(self, name: str, slow_above: int | None = None, slow_upto: int | None = None,
+                  version: str = "1", **kw: object) -> LinearCandidate:
+        def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            rows = x.shape[0]
+            self.calls.append((name, rows))
+            if (slow_above is not None and rows > slow_above) or (
+                    slow_upto is not None and rows <= slow_upto):
+                time.sleep(0.02)
+            return _dense(layer, x, bias)
+
+        return LinearCandidate(name, version, apply, **kw)  # type: ignore[arg-type]
+
+
+class Method(UnquantizedLinearMethod):
+    def __init__(self, candidates: list[LinearCandidate]) -> None:
+        self.candidates = candidates
+
+    def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
+        return list(self.candidates)
+
+
+class TwoLayers(nn.Module):
+    def __init__(self, method: Method, shapes: tuple[tuple[int, int], ...] = ((24, 16), (16, 24))
+                 ) -> None:
+        super().__init__()
+        parts = ModelParts(dtype=torch.float32, unquantized=method)
+        self.layers = nn.ModuleList(ReplicatedLinear(k, n, False, parts, f"l{i}")
+                                    for i, (n, k) in enumerate(shapes))
+        g = torch.Generator().manual_seed(0)
+        for layer in self.layers:
+            layer.weight.data.copy_(torch.randn(layer.weight.shape, generator=g))
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"GLOWLM_LINEAR_CHOICE_CACHE": str(tmp_path / "cache")}
+
+
+@pytest.fixture
+def glowlm_logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    logger = logging.getLogger("glowlm")
+    logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def choose(model: nn.Module, env: dict[str, str], host: HostInfo = HOST) -> lc.LinearPlan:
+    return choose_for_model(model, torch.float32, None, None, show_progress=False,
+                            environ=env, host=host)
+
+
+def test_token_classes_cover_every_row_count() -> None:
+    assert [token_class(r).name for r in (1, 8, 9, 32, 96, 97, 4096)] == [
+        "decode", "decode", "batch", "batch", "batch", "prefill", "prefill"]
+
+
+def test_a_slow_candidate_is_never_chosen(env: dict[str, str]) -> None:
+    rec = Recorder()
+    # The incumbent (first) is slow everywhere: it must lose every class of both shapes.
+    model = TwoLayers(Method([rec.candidate("slow", slow_upto=10**6), rec.candidate("fast")]))
+    plan = choose(model, env)
+    assert plan.mode == "measured"
+    assert {m.winner for classes in plan.shapes.values() for m in classes.values()} == {"fast"}
+    for layer in model.layers:
+        assert {c.name for _, c in layer.method.impls} == {"fast"}
+
+
+def test_dispatch_follows_the_token_count_of_each_call(env: dict[str, str]) -> None:
+    rec = Recorder()
+    # "small" is slow above 8 rows, "big" slow at 8 rows or fewer: decode -> small,
+    # batch and prefill -> big.
+    model = TwoLayers(Method([rec.candidate("small", slow_above=8),
+                              rec.candidate("big", slow_upto=8)]))
+    plan = choose(model, env)
+    assert plan.winners() == {"decode": {"small": 2}, "batch": {"big": 2},
+                              "prefill": {"big": 2}}
+    layer = model.layers[0]
+    for rows, want in ((1, "small"), (8, "small"), (9, "big"), (40, "big"), (300, "big")):
+        rec.calls.clear()
+        x = torch.randn(rows, layer.input_size)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
+        assert rec.calls == [(want, rows)]
+
+
+def test_the_cache_makes_the_next_start_free_and_changes_with_host_or_kernels(
+        env: dict[str, str]) -> None:
+    rec = Recorder()
+
+    def build(version: str = "1") -> TwoLayers:
+        return TwoLayers(Method([rec.candidate("a", version=version),
+                                 rec.candidate("b", slow_upto=10**6)]))
+
+    first = choose(build(), env)
+    assert first.mode == "measured" and first.cache_path
+    rec.calls.clear()
+    again = choose(build(), env)
+    assert again.mode == "cached" and again.cache_path == first.cache_path
+    assert rec.calls == []                                  # nothing ran: free
+    assert again.winners() == first.winners()
+    # Another CPU (one more flag), another thread count, another kernel build: measured.
+    other_cpu = HostInfo(**{**HOST.__dict__, "flags": HOST.flags | {"avx512f"}})
+    assert choose(build(), env, other_cpu).mode == "measured"
+    assert choose(build(version="2"), env).mode == "measured"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads - 1) if threads > 1 else 2)
+    try:
+        assert choose(build(), env).mode == "measured"
+    finally:
+        torch.set_num_threads(threads)
+    files = sorted(Path(env["GLOWLM_LINEAR_CHOICE_CACHE"]).glob("*.json"))
+    assert len(files) == 4
+    data = json.loads(files[0].read_text())
+    assert {"schema", "host", "candidates", "choices"} <= set(data)
+
+
+def test_new_shapes_are_measured_and_added_to_the_cache(env: dict[str, str]) -> None:
+    rec = Recorder()
+    method = Method([rec.candidate("a"), rec.candidate("b")])
+    choose(TwoLayers(method), env)
+    plan = choose(TwoLayers(method, shapes=((24, 16), (40, 16))), env)
+    assert plan.mode == "measured"                          # 40x16 is new
+    assert choose(TwoLayers(method, shapes=((16, 24), (40, 16))), env).mode == "cached"
+
+
+def test_a_candidate_that_raises_is_skipped_with_one_warning(
+        env: dict[str, str], glowlm_logs: pytest.LogCaptureFixture) -> None:
+    rec = Recorder()
+
+    def broken(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise RuntimeError("no such kernel on this CPU")
+
+    model = TwoLayers(Method([rec.candidate("ok"), LinearCandidate("broken", "1", broken)]))
+    plan = choose(model, env)
+    warnings = [r for r in glowlm_logs.records if "broken" in r.getMessage()]
+    assert len(warnings) == 1 and "no such kernel on this CPU" in warnings[0].getMessage()
+    for classes in plan.shapes.values():
+        for m in classes.values():
+            assert m.winner == "ok" and m.us["broken"] is None
+
+
+def test_a_candidate_with_wrong_output_is_skipped(env: dict[str, str],
+                                                  glowlm_logs: pytest.LogCaptureFixture) -> None:
+    def wrong(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.zeros(x.shape[0], layer.weight.shape[0])   # fast, and wrong
+
+    rec = Recorder()
+    model = TwoLayers(Method([rec.candidate("ok", slow_upto=10**6),
+                              LinearCandidate("wrong", "1", wrong)]))
+    plan = choose(model, env)
+    assert plan.winners() == {c: {"ok": 2} for c in ("decode", "batch", "prefill")}
+    assert "its output differs from ok's" in glowlm_logs.text
+
+
+def test_pinning_uses_one_implementation_without_measuring(env: dict[str, str]) -> None:
+    rec = Recorder()
+    model = TwoLayers(Method([rec.candidate("a"), rec.candidate("b")]))
+    plan = choose(model, {**env, "GLOWLM_LINEAR_IMPL": "b"})
+    assert plan.mode == "pinned" and rec.calls == []
+    assert plan.winners() == {c: {"b": 2} for c in ("decode", "batch", "prefill")}
+    x = torch.randn(3, 16)
+    model.layers[0](x)
+    assert rec.calls == [("b", 3)]
+    assert "pinned by GLOWLM_LINEAR_IMPL" in plan.describe()
+
+
+def test_default_turns_the_choice_off(env: dict[str, str]) -> None:
+    rec = Recorder()
+    method = Method([rec.candidate("a"), rec.candidate("b")])
+    model = TwoLayers(method)
+    plan = choose(model, {**env, "GLOWLM_LINEAR_IMPL": "default"})
+    assert plan.mode == "default" and model.layers[0].method is method
+    assert not Path(env["GLOWLM_LINEAR_CHOICE_CACHE"]).exists()
+
+
+def test_a_single_candidate_is_not_measured(env: dict[str, str]) -> None:
+    model = TwoLayers(Method([lc.TORCH_LINEAR]))
+    plan = choose(model, env)
+    assert plan.shapes == {} and isinstance(model.layers[0].method, Method)
+    assert "nothing to measure" in plan.describe()
+
+
+def test_finalize_and_release_run_on_the_layers_that_use_a_candidate_alone(
+        env: dict[str, str]) -> None:
+    rec = Recorder()
+    finalized: list[str] = []
+    released: list[str] = []
+    a = rec.candidate("a", finalize=lambda layer: finalized.append(layer.prefix),
+                      release=lambda layer: released.append(layer.prefix))
+    model = TwoLayers(Method([rec.candidate("b", slow_upto=10**6), a]))
+    choose(model, env)
+    assert finalized == ["l0", "l1"] and released == []
+    finalized.clear()
+    model = TwoLayers(Method([rec.candidate("b"), a]))
+    choose(model, {**env, "GLOWLM_LINEAR_IMPL": "b"})
+    assert finalized == [] and released == ["l0", "l1"]
+
+
+def test_fused_ops_run_only_for_the_classes_their_kernel_won(env: dict[str, str]) -> None:
+    from glowlm.layers.fused import FusedLayer
+
+    rec = Recorder()
+    ran: list[int] = []
+
+    def fused_op(x: torch.Tensor, *rest: object) -> torch.Tensor:
+        ran.append(x.shape[0])
+        return x
+
+    class Block(TwoLayers):
+        def __init__(self, method: Method) -> None:
+            super().__init__(method)
+            self.fused = FusedLayer(fused_op, ModelParts(dtype=torch.float32), True,
+                                    lambda: None)
+
+    # The fused kernel ("kernel") wins decode only; batch and prefill go to "onednn".
+    model = Block(Method([rec.candidate("kernel", slow_above=8, fused=True),
+                          rec.candidate("onednn", slow_upto=8)]))
+    plan = choose(model, env)
+    assert plan.fused_classes == {"layer": ["decode"]}
+    for rows in (1, 8, 32, 300):
+        model.fused.fn(torch.zeros(rows, 4))
+    assert ran == [1, 8]                      # declined (None) at 32 and 300 rows
+    assert model.fused.fn(torch.zeros(32, 4)) is None
+    assert "fused ops kept for layer: decode" in plan.describe()
+
+
+def test_cached_choices_lists_this_cpu_only(env: dict[str, str]) -> None:
+    rec = Recorder()
+    choose(TwoLayers(Method([rec.candidate("a"), rec.candidate("b")])), env)
+    cache = env["GLOWLM_LINEAR_CHOICE_CACHE"]
+    mine = lc.cached_choices(cache, HOST)
+    assert len(mine) == 1 and mine[0]["choices"]
+    other = HostInfo(**{**HOST.__dict__, "model_name": "Other CPU"})
+    assert lc.cached_choices(cache, other) == []
