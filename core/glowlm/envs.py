@@ -38,13 +38,13 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
                               "runs"),
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
                                     "a platform's fused layer or stack op"),
-    "GLOWLM_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
-    # glowlm serve (flags of the same meaning win over these):
     "GLOWLM_LINEAR_IMPL": ("", "pin one linear implementation (glowlm, torch, zentorch, ...) "
                                "for every layer that offers it; 'default': no measured "
                                "choice; empty: measure each shape at load (cached)"),
     "GLOWLM_LINEAR_CHOICE_CACHE": ("~/.cache/glowlm/linear_choice",
                                    "where the measured per-shape linear choice is cached"),
+    "GLOWLM_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
+    # glowlm serve (flags of the same meaning win over these):
     "GLOWLM_API_KEY": ("", "API key the server requires when no --api-key is given"),
     "GLOWLM_MAX_REQUEST_BODY_BYTES": ("8388608", "largest request body the server reads "
                                                  "(413 past it)"),
@@ -72,11 +72,11 @@ class Env:
     disable_kernels: bool
     kernel_isa: str | None  # None: the plugin picks the best its CPU runs
     no_fused_layers: bool
+    linear_impl: str | None  # None: measure; "default": off; else a candidate name
+    linear_choice_cache: str
     log_level: str
 
 
-    linear_impl: str | None  # None: measure; "default": off; else a candidate name
-    linear_choice_cache: str
 def _bool(name: str, raw: str) -> bool:
     if raw.strip().lower() in ("1", "true", "yes", "on"):
         return True
@@ -132,12 +132,12 @@ def parse(environ: Mapping[str, str]) -> Env:
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
         kernel_isa=raw("GLOWLM_KERNEL_ISA").strip().lower() or None,
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),
+        linear_impl=raw("GLOWLM_LINEAR_IMPL").strip().lower() or None,
+        linear_choice_cache=os.path.expanduser(raw("GLOWLM_LINEAR_CHOICE_CACHE")),
         log_level=level,
     )
 
 
-        linear_impl=raw("GLOWLM_LINEAR_IMPL").strip().lower() or None,
-        linear_choice_cache=os.path.expanduser(raw("GLOWLM_LINEAR_CHOICE_CACHE")),
 def parse_bool(name: str, raw: str) -> bool:
     """A :class:`Setting` parser: ``1/true/yes/on`` or ``0/false/no/off/''``."""
     return _bool(name, raw)

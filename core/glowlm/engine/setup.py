@@ -112,8 +112,7 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
 
     logger.info("%s", choose_for_model(model, dtype, parts.unquantized, platform,
                                        show_progress).describe())
-    kv_layers = len(getattr(model, "kv_layers", range(model.num_layers)))
-    per_block = kv_bytes_per_token(kv_layers, model.num_kv_heads, model.head_size,
+    per_block = kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_size,
                                    dtype) * config.block_size
     num_blocks = int(plan.kv_cache_bytes // per_block)
     if config.num_kv_blocks is not None:
