@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from glowlm.entrypoints.cli import collect_env
 from glowlm.entrypoints.cli.main import main
 from glowlm.platforms.host import from_dump
+from glowlm.testing.hosts import HOSTS_DIR
 
-HOSTS = Path(__file__).parent / "fixtures" / "hosts"
+HOSTS = HOSTS_DIR  # glowlm.testing.hosts: the recorded hosts ship with glowlm
 
 
 def test_report_has_the_documented_sections() -> None:

@@ -1,6 +1,6 @@
 """What each recorded machine selects, and that every reason names the deciding fact.
 
-One row per recorded host (core/tests/fixtures/hosts, provenance in its README),
+One row per recorded host (glowlm.testing.hosts, provenance in its README),
 run through the real installed plugins exactly as ``glowlm platforms --cpuinfo``
 does. A row needs the plugins its outcome depends on; a CI job that installs only
 its own plugin skips the rows it cannot judge. Plugins other than the first-party
@@ -16,8 +16,9 @@ import pytest
 from glowlm.platforms.host import HostInfo, from_dump
 from glowlm.platforms.selection import Selection, select_platform
 from glowlm.plugins import manager
+from glowlm.testing.hosts import HOSTS_DIR
 
-HOSTS = Path(__file__).parent / "fixtures" / "hosts"
+HOSTS = HOSTS_DIR  # glowlm.testing.hosts: the recorded hosts ship with glowlm
 FIRST_PARTY = frozenset({"generic", "x86", "zen", "arm", "apple", "s390x"})
 
 
