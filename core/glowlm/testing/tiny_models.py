@@ -18,7 +18,7 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
 #: Every tiny architecture: Gemma 3 always runs its modules (glowlm/models/gemma3.py).
 ALL_ARCHITECTURES = (*ARCHITECTURES, "gemma3")
 #: The tiny Gemma 3's local layers' window: prompts of a few dozen tokens outrun it,
-#: and it is not a multiple of the test block sizes (16, 32), so windows start mid-block.
+#: and it does not divide the 32-token blocks, so windows start mid-block.
 GEMMA3_WINDOW = 12
 
 _TEXT = """def fibonacci(n):
