@@ -78,8 +78,9 @@ class EngineConfig:
             raise ConfigError("--max-num-seqs must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("--max-model-len must be >= 1")
-        if self.tensor_parallel_size != 1 or self.pipeline_parallel_size != 1:
-            raise ConfigError("tensor and pipeline parallelism are not available yet; "
-                              "use tensor_parallel_size=1 and pipeline_parallel_size=1")
+        for flag, size in (("--tensor-parallel-size", self.tensor_parallel_size),
+                           ("--pipeline-parallel-size", self.pipeline_parallel_size)):
+            if not isinstance(size, int) or size < 1:
+                raise ConfigError(f"{flag} must be an integer >= 1, got {size!r}")
         if self.kv_cache_space_gib is not None and self.kv_cache_space_gib <= 0:
             raise ConfigError("the KV cache space must be > 0 GiB")

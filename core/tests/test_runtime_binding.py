@@ -29,7 +29,7 @@ def cpus(p: BindingPlan, rank: int = 0) -> str:
 def test_two_socket_one_rank_one_thread_per_core_on_node0() -> None:
     p = plan(topo("two-socket-skylake-smt"))
     assert (cpus(p), p.this.node, p.num_threads, p.reserved_cpus) == ("0-15", 0, 16, ())
-    assert any("nodes 1 stay idle" in n and "not available yet" in n for n in p.notes)
+    assert any("nodes 1 stay idle" in n and "--tensor-parallel-size 2" in n for n in p.notes)
     assert any("SMT siblings" in n for n in p.notes)
 
 

@@ -1,5 +1,5 @@
-"""Tensor/pipeline-parallel state. World size 1 today; layers already take shards."""
+"""Tensor/pipeline-parallel state, shared-memory collectives and the rank processes."""
 
-from glowlm.distributed.parallel import ParallelState, single_process
+from glowlm.distributed.parallel import ParallelState, single_process, stage_layers
 
-__all__ = ["ParallelState", "single_process"]
+__all__ = ["ParallelState", "single_process", "stage_layers"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glowlm.config import EngineConfig
+from glowlm.distributed.shm import RankFailure
 from glowlm.engine.block_manager import BlockManager
 from glowlm.engine.detokenizer import IncrementalDetokenizer
 from glowlm.engine.model_runner import ModelRunner, StepResult
@@ -49,7 +50,20 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
-        setup: EngineSetup = build_engine_parts(config, show_progress)
+        # TP x PP > 1: ranks 1.. are processes (glowlm.distributed); this one is rank 0.
+        self.executor = None
+        link = None
+        if config.world_size > 1:
+            from glowlm.distributed.executor import Executor
+
+            self.executor = Executor(config)
+            link = self.executor.link()
+        try:
+            setup: EngineSetup = build_engine_parts(config, show_progress, link=link)
+        except BaseException:
+            if self.executor is not None:
+                self.executor.shutdown()
+            raise
         self.setup = setup
         self.config = setup.config
         self.platform = setup.platform
@@ -63,7 +77,12 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_batched_tokens,
                                    self.config.max_num_seqs)
         self.runner = ModelRunner(setup.model, setup.parts.attention_backend, setup.num_blocks,
-                                  self.config.block_size, setup.parts.dtype)
+                                  self.config.block_size, setup.parts.dtype,
+                                  parallel=setup.parts.parallel,
+                                  comms=self.executor.comms if self.executor else None,
+                                  executor=self.executor)
+        if self.executor is not None:
+            self.executor.started_loop()
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         self._rng = random.Random(self.config.seed)
@@ -134,6 +153,11 @@ class LLMEngine:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
 
+    def shutdown(self) -> None:
+        """Stop the other ranks' processes (TP/PP); idempotent, also run at exit."""
+        if self.executor is not None:
+            self.executor.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -158,7 +182,13 @@ class LLMEngine:
             m = item.seq.request.metrics
             if m is not None and m.first_scheduled_time is None:
                 m.first_scheduled_time = now
-        result = self.runner.execute(out)
+        try:
+            result = self.runner.execute(out)
+        except RankFailure:
+            self.shutdown()
+            if self.executor is not None and self.executor.failure:
+                raise RankFailure(self.executor.failure) from None
+            raise
         for item in out.scheduled:
             seq = item.seq
             if seq.num_computed_tokens < seq.num_prompt_tokens:

@@ -8,8 +8,10 @@ KV cache is allocated once at start-up and never reallocated.
 from __future__ import annotations
 
 import inspect
+import pickle
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,9 +55,31 @@ def _position_logprobs(token: int, logprob: float, rank: int, top_ids: list[int]
     return entry
 
 
+@dataclass
+class StepInputs:
+    """What every rank of a TP/PP group needs to run one step (the driver broadcasts it)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata   # before the backend's build_metadata (each rank builds)
+    block_copies: list[tuple[int, int]]
+    rows: list[int]               # hidden rows whose logits are needed, in order
+    every_row: bool
+
+
 class ModelRunner:
+    """One rank's model and KV cache. The driver (rank 0, or the only rank) turns a
+    scheduled step into :class:`StepInputs`, broadcasts it to the other ranks (if any),
+    runs its part (:meth:`run_step`) and samples; the other ranks run
+    :meth:`worker_loop`."""
+
     def __init__(self, model: torch.nn.Module, backend: AttentionBackend, num_blocks: int,
-                 block_size: int, kv_dtype: torch.dtype) -> None:
+                 block_size: int, kv_dtype: torch.dtype, parallel: Any = None,
+                 comms: Any = None, executor: Any = None) -> None:
+        from glowlm.distributed.parallel import ParallelState
+
+        self.parallel = parallel if parallel is not None else ParallelState()
+        self.comms, self.executor = comms, executor
         self.model = model
         # Models whose forward takes output_rows (CausalLM.forward) skip work on rows
         # that are not sampled; others return every row and the runner gathers.
@@ -65,12 +89,17 @@ class ModelRunner:
         self.num_blocks = num_blocks
         shape = backend.kv_cache_shape(num_blocks, block_size, model.num_kv_heads,
                                        model.head_size)
-        self.kv_caches = [torch.zeros(shape, dtype=kv_dtype) for _ in range(model.num_layers)]
+        # A pipeline stage allocates the caches of its own layers only.
+        own = set(getattr(model, "kv_layers", range(model.num_layers)))
+        self.kv_caches = [torch.zeros(shape, dtype=kv_dtype) if i in own
+                          else torch.empty(0, dtype=kv_dtype) for i in range(model.num_layers)]
 
     # -- inputs -------------------------------------------------------------------------
 
     def _prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
                                                       AttentionMetadata]:
+        """Token ids, positions and the step's metadata (not yet through the backend's
+        ``build_metadata``, which every rank runs itself)."""
         bs = self.block_size
         ids: list[int] = []
         pos_parts, slot_parts = [], []
@@ -111,7 +140,6 @@ class ModelRunner:
             max_seq_len=max(seq_lens), block_size=bs,
             query_start_loc_list=qsl, seq_lens_list=seq_lens,
         )
-        metadata = self.backend.build_metadata(metadata)
         return torch.tensor(ids, dtype=torch.int64), positions, metadata
 
     def _sampling_batch(self, rows: list[Sequence], vocab: int) -> SamplingBatch:
@@ -161,10 +189,6 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> StepResult:
         t0 = time.perf_counter()
         result = StepResult()
-        if out.block_copies:
-            src = torch.tensor([a for a, _ in out.block_copies])
-            dst = torch.tensor([b for _, b in out.block_copies])
-            self.backend.copy_blocks(self.kv_caches, src, dst)
         input_ids, positions, metadata = self._prepare(out)
         # Rows of the hidden states whose logits we need.
         sample_rows: list[int] = []
@@ -186,15 +210,12 @@ class ModelRunner:
                     prompt_rows.append((id(request), qsl[i] + p - start, seq.token_ids[p + 1]))
         rows = sample_rows + [r for _, r, _ in prompt_rows]
         every_row = rows == list(range(input_ids.shape[0]))  # decode: no gather
+        inputs = StepInputs(input_ids, positions, metadata, list(out.block_copies), rows,
+                            every_row)
         t1 = time.perf_counter()
-        if every_row or not self._prunes:
-            hidden = self.model(input_ids, positions, self.kv_caches, metadata)
-            if rows and not every_row:
-                hidden = hidden[rows]
-        else:  # the model's last layer runs on the sampled rows only
-            hidden = self.model(input_ids, positions, self.kv_caches, metadata,
-                                output_rows=torch.tensor(rows, dtype=torch.long))
-        logits = self.model.compute_logits(hidden) if rows else None
+        if self.executor is not None:
+            self.executor.broadcast(inputs)
+        logits = self.run_step(inputs)
         t2 = time.perf_counter()
         if sample_rows:
             assert logits is not None
@@ -209,6 +230,70 @@ class ModelRunner:
         result.forward_seconds = t2 - t1
         result.sample_seconds = t3 - t2
         return result
+
+    def run_step(self, inputs: StepInputs) -> torch.Tensor | None:
+        """This rank's part of a step; the logits of ``inputs.rows`` on the first pipeline
+        stage (None elsewhere, or when no row needs them).
+
+        Every rank of the group calls it with the same inputs: a stage's layers (TP
+        ranks all-reduce inside them), hidden states on to the next stage, the final
+        rows back to the first stage, whose TP ranks compute the vocab-parallel logits.
+        """
+        if inputs.block_copies:
+            src = torch.tensor([a for a, _ in inputs.block_copies])
+            dst = torch.tensor([b for _, b in inputs.block_copies])
+            self.backend.copy_blocks(self.kv_caches, src, dst)
+        metadata = self.backend.build_metadata(inputs.metadata)
+        p, rows = self.parallel, inputs.rows
+        kwargs: dict[str, Any] = {}
+        if p.pp_size > 1:
+            kwargs["intermediate"] = (None if p.is_first_stage
+                                      else self._recv(p.pp_rank - 1))
+        pruned = not inputs.every_row and self._prunes
+        if pruned:  # the model's last layer runs on the sampled rows only
+            kwargs["output_rows"] = torch.tensor(rows, dtype=torch.long)
+        out = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata,
+                         **kwargs)
+        if not p.is_last_stage:
+            self._send(p.pp_rank + 1, out)
+            hidden = None
+        else:
+            hidden = out
+            if rows and not inputs.every_row and not pruned:
+                hidden = hidden[rows]
+        if not rows:
+            return None
+        if p.pp_size > 1:
+            if p.is_last_stage:
+                self._send(0, {"hidden": hidden})
+            if p.is_first_stage:
+                hidden = self._recv(p.pp_size - 1)["hidden"]
+        if not p.is_first_stage:
+            return None
+        return self.model.compute_logits(hidden)
+
+    def _send(self, stage: int, tensors: dict[str, torch.Tensor]) -> None:
+        group, me, _ = self.comms.peer(stage)
+        tensors = {k: v for k, v in tensors.items() if v is not None}
+        header = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}
+        group.broadcast_bytes(pickle.dumps(header), root=me)
+        group.send_tensors(list(tensors.values()), root=me)
+
+    def _recv(self, stage: int) -> dict[str, torch.Tensor]:
+        group, _, other = self.comms.peer(stage)
+        header = pickle.loads(group.broadcast_bytes(None, root=other))
+        values = group.recv_tensors(list(header.values()), root=other)
+        return dict(zip(header, values, strict=True))
+
+    @torch.inference_mode()
+    def worker_loop(self) -> None:
+        """Ranks 1..world-1: run every step the driver broadcasts until it sends None."""
+        world = self.comms.world
+        while True:
+            inputs = pickle.loads(world.broadcast_bytes(None, root=0))
+            if inputs is None:
+                return
+            self.run_step(inputs)
 
     def _collect(self, result: StepResult, seqs: list[Sequence], s: SamplerOutput) -> None:
         result.seqs = seqs

@@ -77,7 +77,12 @@ def resolve_max_model_len(config: EngineConfig, info: ModelDir) -> int:
     return config.max_model_len
 
 
-def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> EngineSetup:
+def build_engine_parts(config: EngineConfig, show_progress: bool = True,
+                       link: Any = None) -> EngineSetup:
+    """``link``: this rank's side of a TP/PP group's start-up handshake (``rank``,
+    ``parallel``, ``planned()``, ``agree_blocks(n)``; glowlm.distributed), None alone."""
+    rank = link.rank if link is not None else 0
+    world = config.world_size
     selection = current_selection(config.platform)
     platform = selection.platform
     for note in platform.startup_notes():
@@ -94,17 +99,28 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
     parts = ModelParts(dtype=dtype, ops=ops,
                        attention_backend=platform.attention_backend(), quant_config=quant,
                        unquantized=platform.unquantized_linear_method())
+    if link is not None:
+        parts.parallel = link.parallel
+        if parts.parallel.tp_size > 1 and rank == 0 and (ops.rms_decoder_layer is not None
+                                                         or ops.ln_decoder_layer is not None):
+            logger.info("fused decoder layer/stack ops off under tensor parallelism: they run "
+                        "the dense linears themselves and would skip the all-reduce between "
+                        "ranks; layers run module by module")
     max_model_len = resolve_max_model_len(config, info)
     from glowlm.runtime import binding, preload
 
     # Threads are placed before any weight is touched, in the thread that runs the
     # model; a server that already bound its engine thread gets its plan back.
-    logger.info("%s", binding.apply_for_process(serving=config.online).describe())
+    logger.info("%s", binding.apply_for_process(num_ranks=world, rank=rank,
+                                                serving=config.online,
+                                                rebind=world > 1).describe())
     logger.info("%s", preload.describe())
     from glowlm.runtime.memory import plan_memory  # noqa: PLC0415 - runtime is optional here
 
-    plan = plan_memory(info, dtype, config, max_model_len)
+    plan = plan_memory(info, dtype, config, max_model_len, rank=rank)
     logger.info("%s", plan.describe())
+    if link is not None:
+        link.planned()  # every rank's plan fits before any rank reads a weight
     model = load_model(info, parts, config.allow_pickle, show_progress).model
     huge = 0 if envs.get().no_huge_pages else hugepages.move_weights(model)
     logger.info("%s", hugepages.describe(huge))
@@ -112,11 +128,14 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
 
     logger.info("%s", choose_for_model(model, dtype, parts.unquantized, platform,
                                        show_progress).describe())
-    per_block = kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_size,
+    kv_layers = len(getattr(model, "kv_layers", range(model.num_layers)))
+    per_block = kv_bytes_per_token(kv_layers, model.num_kv_heads, model.head_size,
                                    dtype) * config.block_size
     num_blocks = int(plan.kv_cache_bytes // per_block)
     if config.num_kv_blocks is not None:
         num_blocks = config.num_kv_blocks
+    if link is not None:
+        num_blocks = link.agree_blocks(num_blocks)  # the driver's blocks exist on every rank
     if num_blocks * config.block_size < max_model_len:
         if config.max_model_len is None and num_blocks > 0:
             max_model_len = num_blocks * config.block_size
@@ -130,7 +149,8 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True) -> Engi
     logger.info("dtype %s; KV cache %d blocks x %d tokens = %d tokens (%.2f GiB); "
                 "max_model_len %d", dtype_name(dtype), num_blocks, config.block_size,
                 num_blocks * config.block_size, num_blocks * per_block / GIB, max_model_len)
-    tokenizer = load_tokenizer(config.tokenizer or str(info.path))
+    # Only the driver tokenizes; the other ranks see token ids.
+    tokenizer = load_tokenizer(config.tokenizer or str(info.path)) if rank == 0 else None
     vocab = int(getattr(info.hf_config, "vocab_size", 0) or len(tokenizer))
     config = dataclasses.replace(config, max_model_len=max_model_len)
     return EngineSetup(config, platform, selection.reason, info, parts, model, tokenizer,

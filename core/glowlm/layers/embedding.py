@@ -33,6 +33,7 @@ class VocabParallelEmbedding(nn.Module):
         if loaded.shape[0] != self.vocab_size or loaded.shape[1:] != param.shape[1:]:
             _copy_checked(param, loaded, self.prefix)  # raises the shape error
         _copy_checked(param.data[:rows], loaded.narrow(0, self.vocab_start, rows), self.prefix)
+        param.data[rows:].zero_()  # the last rank's padding rows (vocab not divisible by TP)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.parallel.tp_size == 1:

@@ -155,17 +155,29 @@ class ColumnParallelLinear(LinearBase):
             return _copy_checked(param, loaded, self.prefix)
         offset = sum(self.output_sizes[:index])
         if shard_id is None and len(self.output_sizes) > 1:  # fused tensor in the checkpoint
-            offset, index = 0, None
-            target = param.data
             if self.parallel.tp_size == 1:
-                return _copy_checked(target, loaded, self.prefix)
-            raise ModelLoadError(f"{self.prefix}: fused checkpoint tensors cannot be "
-                                 "sharded for tensor parallelism yet")
+                return _copy_checked(param.data, loaded, self.prefix)
+            # Split it into its projections (GPT-2's c_attn is q|k|v) and shard each.
+            sizes = self.checkpoint_sizes()
+            if loaded.dim() <= dim or loaded.shape[dim] != sum(sizes):
+                raise ModelLoadError(
+                    f"tensor {self.prefix!r} has shape {tuple(loaded.shape)}; expected "
+                    f"{sum(sizes)} rows along dim {dim} ({' + '.join(map(str, sizes))})")
+            for sid, piece in zip(self.shard_ids(), loaded.split(sizes, dim), strict=True):
+                self.weight_loader(param, piece, sid)
+            return None
         target = param.data.narrow(dim, offset, self.output_sizes[index])
         _copy_checked(target, self._shard(loaded, dim, index), f"{self.prefix}[{shard_id}]")
 
     def shard_index(self, shard_id: str | int | None) -> int:
         return 0 if shard_id is None else int(shard_id)
+
+    def checkpoint_sizes(self) -> list[int]:
+        """Full (unsharded) size of each fused projection as the checkpoint stores it."""
+        return list(self.full_output_sizes)
+
+    def shard_ids(self) -> list[str | int]:
+        return list(range(len(self.full_output_sizes)))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -178,13 +190,29 @@ class QKVParallelLinear(ColumnParallelLinear):
     def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int,
                  bias: bool, parts: ModelParts, prefix: str) -> None:
         tp = parts.parallel.tp_size
+        if num_kv_heads % tp and tp % num_kv_heads:
+            from glowlm.errors import ConfigError
+
+            raise ConfigError(f"{prefix}: {num_kv_heads} KV heads cannot be split over or "
+                              f"replicated across {tp} tensor-parallel ranks (one must divide "
+                              "the other)")
+        # Fewer KV heads than ranks: each rank keeps one KV head, shared by
+        # ``kv_replicas`` consecutive ranks (their query heads are that head's group).
         self.kv_replicas = max(1, tp // num_kv_heads)
+        self._checkpoint = [num_heads * head_size, num_kv_heads * head_size,
+                            num_kv_heads * head_size]
         kv_total = max(num_kv_heads, tp) * head_size
         super().__init__(hidden_size, [num_heads * head_size, kv_total, kv_total], bias, parts,
                          prefix)
 
     def shard_index(self, shard_id: str | int | None) -> int:
         return {"q": 0, "k": 1, "v": 2, None: 0}[shard_id]
+
+    def checkpoint_sizes(self) -> list[int]:
+        return list(self._checkpoint)
+
+    def shard_ids(self) -> list[str | int]:
+        return ["q", "k", "v"]
 
     def _shard(self, loaded: torch.Tensor, dim: int, index: int) -> torch.Tensor:
         size = self.output_sizes[index]

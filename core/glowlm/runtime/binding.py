@@ -106,7 +106,7 @@ def _auto(topo: Topology, num_ranks: int, reserved: int) -> tuple[list[list[Core
     if num_ranks < len(nodes):
         notes.append(f"{len(nodes)} NUMA nodes but {num_ranks} rank(s): nodes "
                      f"{','.join(map(str, sorted(set(nodes) - set(rank_node))))} stay idle; "
-                     f"one rank per node needs tensor parallelism, not available yet")
+                     f"one rank per node: --tensor-parallel-size {len(nodes)}")
     per_rank: list[list[Core]] = []
     for node in dict.fromkeys(rank_node):
         sharing = rank_node.count(node)
@@ -204,17 +204,19 @@ def applied_plan() -> BindingPlan | None:
     return _APPLIED
 
 
-def apply_for_process(num_ranks: int = 1, rank: int = 0, serving: bool = False
-                      ) -> BindingPlan:
+def apply_for_process(num_ranks: int = 1, rank: int = 0, serving: bool = False,
+                      rebind: bool = False) -> BindingPlan:
     """Plan from the live topology and ``GLOWLM_CPU_*`` settings, apply once, return it.
 
     Call it in the thread that will run the model, before the first forward pass:
     OpenMP thread pools belong to the thread that starts parallel regions. Called
     again in the same process, it returns the plan already applied (binding twice
-    would fight over the same threads).
+    would fight over the same threads). ``rebind``: a TP/PP driver that was bound as
+    the only rank (the server binds its engine thread first) takes its rank's share.
     """
     global _APPLIED
-    if _APPLIED is not None:
+    if _APPLIED is not None and not (rebind and (len(_APPLIED.ranks), _APPLIED.rank)
+                                     != (num_ranks, rank)):
         return _APPLIED
     from glowlm import envs
     from glowlm.runtime import pinning, topology

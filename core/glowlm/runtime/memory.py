@@ -14,6 +14,7 @@ capped at what ``max_num_seqs`` sequences of ``max_model_len`` tokens could use.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import struct
@@ -196,31 +197,56 @@ class MemoryPlan:
                 f"{fmt_bytes(self.available_bytes)} ({self.available_source})")
 
 
-def rank_node(world_size: int = 1, serving: bool = False) -> tuple[Any, int | None]:
-    """The live topology and the NUMA node rank 0's memory will be bound to, if any."""
+def rank_node(world_size: int = 1, serving: bool = False, rank: int = 0
+              ) -> tuple[Any, int | None]:
+    """The live topology and the NUMA node ``rank``'s memory will be bound to, if any."""
+    topo, node, _ = rank_placement(world_size, serving, rank)
+    return topo, node
+
+
+def rank_placement(world_size: int = 1, serving: bool = False, rank: int = 0
+                   ) -> tuple[Any, int | None, int]:
+    """(live topology, ``rank``'s memory node or None, ranks sharing that memory).
+
+    Ranks bound to the same node share its free memory; unbound ranks (one node,
+    or ``nobind``) share the whole machine's.
+    """
     from glowlm import envs
     from glowlm.runtime import binding, topology
 
     topo = topology.read()
     applied = binding.applied_plan()
-    if applied is None:
+    if applied is None or (len(applied.ranks), applied.rank) != (world_size, rank):
         env = envs.get()
         applied = binding.plan(topo, env.omp_threads_bind, env.num_reserved_cpus,
-                               num_ranks=world_size, serving=serving)
-    return topo, applied.this.node
+                               num_ranks=world_size, rank=rank, serving=serving)
+    node = applied.this.node
+    return topo, node, sum(1 for r in applied.ranks if r.node == node)
+
+
+def rank_weight_bytes(total: int, dims: ModelDims, dtype: torch.dtype, tp: int, pp: int,
+                      tied: bool) -> int:
+    """One rank's share: layers split over TP x PP; the token embedding and LM head are
+    split over TP only (every pipeline stage keeps them: stage 0 embeds and computes
+    logits)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    vocab = min(total, dims.vocab * dims.hidden * elem * (1 if tied else 2))
+    return (total - vocab) // (tp * pp) + vocab // tp
 
 
 def _fits_message(plan: MemoryPlan, config: Any, dtype: torch.dtype, world: int,
-                  model_limit: int, quantized: bool) -> str:
-    # Quantized checkpoints and more ranks (tensor parallelism) are not available yet,
-    # so they are not offered; halving fp32 weights is.
+                  model_limit: int, quantized: bool, rank: int = 0, node: int | None = None
+                  ) -> str:
+    # Quantized checkpoints are not offered; halving fp32 weights and, on a machine
+    # with more NUMA nodes than ranks, more ranks are.
     smaller = ("--dtype bfloat16 (half the weight bytes) or a smaller model"
                if dtype == torch.float32 and not quantized else "a smaller model")
     spare = plan.available_bytes - plan.weights_bytes - plan.activation_bytes \
         - plan.headroom_bytes
     kv_src = ("auto" if plan.kv_auto
               else f"GLOWLM_CPU_KVCACHE_SPACE={config.kv_cache_space_gib:g}")
-    head = (f"the model does not fit in memory: each of the {world} rank(s) needs "
+    where = f"rank {rank} of {world}" + (f" (NUMA node {node})" if node is not None else "")
+    head = (f"the model does not fit in memory: {where} needs "
             f"{fmt_bytes(plan.needed_bytes)} (weights {fmt_bytes(plan.weights_bytes)} in "
             f"{str(dtype).removeprefix('torch.')} + KV cache {fmt_bytes(plan.kv_cache_bytes)} "
             f"({kv_src}) + activations {fmt_bytes(plan.activation_bytes)} + headroom "
@@ -239,22 +265,31 @@ def _fits_message(plan: MemoryPlan, config: Any, dtype: torch.dtype, world: int,
 
 
 def plan_memory(info: Any, dtype: torch.dtype, config: Any, max_model_len: int,
-                *, topo: Any = None, node: int | None = None, meminfo: str | None = None
-                ) -> MemoryPlan:
-    """Size rank 0's KV cache and check weights + KV + activations fit; before loading.
+                *, rank: int = 0, topo: Any = None, node: int | None = None,
+                meminfo: str | None = None, sharing: int = 1) -> MemoryPlan:
+    """Size ``rank``'s KV cache and check its weight shard + KV + activations fit in
+    what its NUMA node (or the machine) has; before loading.
 
-    Raises MemoryPlanError with the numbers, what to change and the largest
-    ``--max-model-len`` that fits. ``topo``/``node``/``meminfo`` replace the live
-    machine in tests.
+    Raises MemoryPlanError naming the rank and node, with the numbers, what to change
+    and the largest ``--max-model-len`` that fits. ``topo``/``node``/``meminfo``/
+    ``sharing`` (ranks placed on the same memory) replace the live machine in tests.
     """
+    from glowlm.distributed.parallel import stage_layers
+
     world = config.world_size
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     if topo is None:
-        topo, node = rank_node(world, config.online)
+        topo, node, sharing = rank_placement(world, config.online, rank)
     dims = model_dims(info.hf_config)
     total_weights, largest, source = weight_bytes(info, dtype)
-    weights = total_weights // world
-    per_token = kv_bytes_per_token(dims, dtype, config.tensor_parallel_size)
+    tied = bool(getattr(info.hf_config, "tie_word_embeddings", False))
+    weights = rank_weight_bytes(total_weights, dims, dtype, tp, pp, tied)
+    stage = len(stage_layers(dims.layers, rank // tp, pp)) if pp > 1 else dims.layers
+    per_token = kv_bytes_per_token(dataclasses.replace(dims, layers=max(1, stage)), dtype, tp)
     available, where = available_memory(topo, node, meminfo)
+    if sharing > 1:
+        available //= sharing
+        where = f"1/{sharing} of {where}, shared by {sharing} ranks"
     useful_kv = config.max_num_seqs * max_model_len * per_token
     auto = config.kv_cache_space_gib is None
     if auto:
@@ -273,5 +308,5 @@ def plan_memory(info: Any, dtype: torch.dtype, config: Any, max_model_len: int,
     if plan.needed_bytes > available or (auto and kv < per_token * config.block_size):
         raise MemoryPlanError(_fits_message(plan, config, dtype, world,
                                             info.max_position_embeddings,
-                                            bool(info.quantization_config)))
+                                            bool(info.quantization_config), rank, node))
     return plan
