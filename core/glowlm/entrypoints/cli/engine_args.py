@@ -28,11 +28,19 @@ def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
     g.add_argument("--allow-pickle", action="store_true", default=None,
                    help="allow *.bin pickle weights (they run code when loaded)")
     g.add_argument("--seed", type=int, help="engine seed for unseeded requests (default 0)")
+    par = p.add_argument_group("parallelism (vLLM's names; docs/parallelism.md)")
+    par.add_argument("-tp", "--tensor-parallel-size", type=int, metavar="N",
+                     help="tensor-parallel ranks, one process each (auto binding: one NUMA "
+                          "node per rank; recommended: the number of NUMA nodes; default 1)")
+    par.add_argument("-pp", "--pipeline-parallel-size", type=int, metavar="N",
+                     help="pipeline stages, the model's layers split between them; combines "
+                          "with -tp (TP x PP ranks; default 1)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("dtype", "platform", "max_model_len", "block_size", "max_num_batched_tokens",
             "max_num_seqs", "enable_prefix_caching", "allow_pickle", "seed")
+    keys = (*keys, "tensor_parallel_size", "pipeline_parallel_size")
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 
