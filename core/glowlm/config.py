@@ -69,9 +69,10 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
-        if self.block_size <= 0 or self.block_size % 32:
-            raise ConfigError(f"--block-size must be a positive multiple of 32, got "
-                              f"{self.block_size}")
+        # Only positivity here: the multiple is the platform's rule, checked once by
+        # Platform.update_config against capabilities.block_size_multiple.
+        if self.block_size <= 0:
+            raise ConfigError(f"--block-size must be positive, got {self.block_size}")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("--max-num-batched-tokens must be >= 1")
         if self.max_num_seqs < 1:

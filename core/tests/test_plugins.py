@@ -331,3 +331,28 @@ def test_register_model_is_open_and_one_owner_per_architecture(
         registry.register_model("OPTForCausalLM", OPTForCausalLM, owner="mine")
     with pytest.raises(PluginError, match="provided by both 'mine' and 'yours'"):
         registry.register_model("MyOPTForCausalLM", OPTForCausalLM, owner="yours")
+
+
+def test_the_block_size_rule_has_one_owner_the_platform_capability(tmp_path: Path) -> None:
+    import dataclasses
+
+    from glowlm.config import EngineConfig
+    from glowlm.errors import ConfigError
+    from glowlm.platforms.generic import GenericCpuPlatform
+    from glowlm.platforms.interface import Match
+
+    config = EngineConfig.create(str(tmp_path), block_size=48)  # the config checks only > 0
+    with pytest.raises(ConfigError, match="--block-size must be positive"):
+        EngineConfig.create(str(tmp_path), block_size=0)
+    generic = GenericCpuPlatform(HOST, Match(True, "test"))
+    with pytest.raises(ConfigError, match="--block-size 48 must be a multiple of 32 on the "
+                                          "generic platform"):
+        generic.update_config(config)
+
+    class Sixteen(GenericCpuPlatform):
+        @classmethod
+        def capabilities_for(cls, host, match):  # noqa: ANN001, ANN206
+            return dataclasses.replace(super().capabilities_for(host, match),
+                                       block_size_multiple=16)
+
+    assert Sixteen(HOST, Match(True, "test")).update_config(config).block_size == 48

@@ -58,7 +58,7 @@ ROWS = [
         reasons={"x86": ("avx512f",), "arm": ("aarch64",)}, requires=("x86",)),
     Row("x86_64-haswell-xeon-e5-2676v3.cpuinfo", "x86", "avx2",
         reasons={"x86": ("avx2",)}, notes=("AVX2-only CPU",), requires=("x86",)),
-    Row("x86_64-ivybridge-xeon-e5-2670v2.cpuinfo", "generic", "portable",
+    Row("x86_64-ivybridge-xeon-e5-2670v2.cpuinfo", "generic", "reference",
         reasons={"x86": ("avx2", "avx512f"), "zen": ("avx2",)},
         notes=("no hardware plugin matches",), requires=("x86", "zen")),
     Row("aarch64-graviton2-neoverse-n1.cpuinfo", "arm", "neon",
@@ -73,11 +73,11 @@ ROWS = [
         notes=("experimental",), requires=("s390x",)),
     Row("s390x-z14.cpuinfo", "s390x", "vxe", reasons={"s390x": ("vxe",)},
         notes=("experimental", "vxe2"), requires=("s390x",)),
-    Row("s390x-z13.cpuinfo", "generic", "portable", reasons={"s390x": ("vxe",)},
+    Row("s390x-z13.cpuinfo", "generic", "reference", reasons={"s390x": ("vxe",)},
         notes=("no hardware plugin matches",), requires=("s390x",)),
-    Row("ppc64le-power9.cpuinfo", "generic", "portable",
+    Row("ppc64le-power9.cpuinfo", "generic", "reference",
         reasons={name: ("ppc64le",) for name in ("x86", "zen", "arm", "apple", "s390x")}),
-    Row("riscv64-sifive-u74.cpuinfo", "generic", "portable",
+    Row("riscv64-sifive-u74.cpuinfo", "generic", "reference",
         reasons={name: ("riscv64",) for name in ("x86", "zen", "arm", "apple", "s390x")}),
 ]
 

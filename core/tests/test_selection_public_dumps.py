@@ -27,13 +27,13 @@ CASES = [
     ("linux-ubuntu20.04-zen3", (), "x86", "avx2", "avx2"),
     ("linux-rocky8.5-zen4", (), "x86", "avx512", "avx512f"),
     ("linux-rocky8.5-zen4", ("zentorch",), "zen", None, "zentorch"),
-    ("linux-rhel7-ivybridge", (), "generic", "portable", "portable"),
+    ("linux-rhel7-ivybridge", (), "generic", "reference", "reference"),
     ("linux-amazon-neoverse_n1", (), "arm", "neon", "asimd"),
     ("linux-amazon-neoverse_v1", (), "arm", "neon-bf16", "bf16"),
-    ("linux-rhel8-power9", (), "generic", "portable", "portable"),
-    ("linux-sifive-u74mc", (), "generic", "portable", "portable"),
+    ("linux-rhel8-power9", (), "generic", "reference", "reference"),
+    ("linux-sifive-u74mc", (), "generic", "reference", "reference"),
     ("darwin-monterey-m2", (), "apple", None, "arm64"),
-    ("darwin-mojave-skylake", (), "generic", "portable", "portable"),
+    ("darwin-mojave-skylake", (), "generic", "reference", "reference"),
 ]
 
 

@@ -1,4 +1,8 @@
-"""Core's portable CPU platform: pure-PyTorch kernels, runs on any CPU torch runs on.
+"""Core's generic CPU platform: core's pure-PyTorch reference ops, on any CPU torch runs on.
+
+Its ``isa`` label is ``reference``: it has no kernels of its own (torch's dispatch
+picks the instructions). "portable" means only glowlm-x86's plain-C++ vector
+kernels (``GLOWLM_KERNEL_ISA=portable``), never this platform.
 
 It registers through the same entry-point group as every plugin (``generic`` in
 core's pyproject), so it is listed, ranked (lowest) and blockable like them.
@@ -24,17 +28,17 @@ class GenericCpuPlatform(Platform):
 
     @classmethod
     def detect(cls, host: HostInfo) -> Match:
-        return Match(True, f"portable PyTorch kernels run on any CPU ({host.machine or '?'})",
-                     isa="portable")
+        return Match(True, f"core's pure-PyTorch reference kernels run on any CPU "
+                           f"({host.machine or '?'})", isa="reference")
 
     @classmethod
     def capabilities_for(cls, host: HostInfo, match: Match) -> Capabilities:
-        return Capabilities(isa="portable",
+        return Capabilities(isa="reference",
                             dtypes=(torch.float32, torch.bfloat16, torch.float16))
 
     def startup_notes(self) -> list[str]:
         return ["no hardware plugin matches this CPU (or generic was forced): running core's "
-                "portable reference kernels (correct but slow); `glowlm platforms` shows why "
+                "pure-PyTorch reference kernels (correct but slow); `glowlm platforms` shows why "
                 "each hardware plugin was not chosen"]
 
 

@@ -69,7 +69,12 @@ class Capabilities:
     own dtype is not supported. ``quantization`` lists the checkpoint
     quantization methods (``quantization_config.quant_method`` names) the
     platform declares. ``kernels`` names the compiled ops that actually loaded
-    (empty when the platform runs core's reference ops).
+    (empty when the platform runs core's reference ops). ``isa`` (like
+    :attr:`Match.isa`) is a label for people, the instruction-set path the platform
+    targets (``avx512``, ``neon-bf16``, ``reference`` for core's generic platform); a
+    plugin's choice of kernel module is its own business (glowlm-x86's
+    ``GLOWLM_KERNEL_ISA``). ``block_size_multiple`` is the one owner of the block-size
+    rule: the default :meth:`Platform.update_config` checks ``--block-size`` against it.
     """
 
     isa: str

@@ -16,16 +16,12 @@ core's references (:mod:`glowlm.ops.reference`, the reference attention backend,
   this platform (its fused layer and stack ops included), against the same engine
   on core's reference parts.
 
-A plugin's test file is a few lines::
-
-    import pytest
-    from glowlm.testing import contract
-    from glowlm_mychip.platform import MyChipPlatform
+A plugin's test file is a few lines (examples/glowlm-example/tests/test_contract.py)::
 
     PLATFORM = contract.platform_for(MyChipPlatform)   # None: not this host
 
     @pytest.mark.skipif(PLATFORM is None, reason="MyChip does not run on this host")
-    @pytest.mark.parametrize("check, dtype", contract.cases(PLATFORM), ids=str)
+    @pytest.mark.parametrize("check, dtype", contract.cases(PLATFORM), ids=contract.case_id)
     def test_contract(check, dtype):
         check(PLATFORM, dtype)
 

@@ -17,8 +17,8 @@ def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
                         "recommended on CPUs)")
     g.add_argument("--platform", help="force a platform by name (overrides GLOWLM_PLATFORM)")
     g.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
-    g.add_argument("--block-size", type=int, help="KV cache block size, a multiple of 32 "
-                   "(default 128)")
+    g.add_argument("--block-size", type=int, help="KV cache block size, a multiple of the "
+                   "platform's block_size_multiple (32 on every in-tree platform; default 128)")
     g.add_argument("--max-num-batched-tokens", type=int,
                    help=f"tokens per engine step (default {tokens} x world size {where})")
     g.add_argument("--max-num-seqs", type=int,
