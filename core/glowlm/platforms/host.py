@@ -14,7 +14,6 @@ import importlib
 import importlib.util
 import os
 import platform as _platform
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,35 +110,18 @@ def _host_from_sysctl(values: Mapping[str, str], machine: str, source: str) -> H
     )
 
 
-def _parse_cpulist(text: str) -> tuple[int, ...]:
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return tuple(cpus)
-
-
 def read_numa_nodes(sys_root: str = "/sys") -> tuple[NumaNode, ...]:
-    """NUMA nodes with their CPUs and memory from ``/sys/devices/system/node``."""
-    base = Path(sys_root) / "devices/system/node"
-    nodes: list[NumaNode] = []
-    if not base.is_dir():
+    """NUMA nodes with their CPUs and memory, as detectors see them.
+
+    One owner reads ``/sys``: :func:`glowlm.runtime.topology.read` (which the thread
+    binding and memory plan use too); this is its node list in the host's terms. A tree
+    without ``devices/system/node`` (no NUMA information) gives no nodes.
+    """
+    if not (Path(sys_root) / "devices/system/node").is_dir():
         return ()
-    for d in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
-        try:
-            cpus = _parse_cpulist((d / "cpulist").read_text())
-        except OSError:
-            cpus = ()
-        mem = 0
-        try:
-            m = re.search(r"MemTotal:\s+(\d+)\s+kB", (d / "meminfo").read_text())
-            mem = int(m.group(1)) * 1024 if m else 0
-        except OSError:
-            pass
-        nodes.append(NumaNode(int(d.name[4:]), cpus, mem))
-    return tuple(nodes)
+    from glowlm.runtime import topology
+
+    return tuple(NumaNode(n.id, n.cpus, n.total_bytes) for n in topology.read(sys_root).nodes)
 
 
 def _read(path: str, what: str) -> str:
