@@ -92,6 +92,20 @@ def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
     param.data.copy_(loaded)
 
 
+def _pack_factor(param: torch.Tensor, dim: int) -> int:
+    """Values per element along ``dim`` (8 for int32 words of 4-bit weights, else 1)."""
+    return getattr(param, "packed_factor", 1) if getattr(param, "packed_dim", None) == dim else 1
+
+
+def _copy_shard_scalar(param: torch.Tensor, loaded: torch.Tensor, index: int, name: str
+                       ) -> None:
+    """A per-tensor value (quantization scale) of projection ``index`` of a fused layer."""
+    if loaded.numel() != 1:
+        raise ModelLoadError(f"tensor {name!r} has shape {tuple(loaded.shape)} but the model "
+                             "expects one value")
+    param.data[index] = loaded.reshape(())
+
+
 class LinearBase(nn.Module):
     """Common parts: the method, the bias, the per-rank sizes."""
 
@@ -119,6 +133,8 @@ class LinearBase(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: str | int | None = None) -> None:
+        if getattr(param, "shard_scalar", False):
+            return _copy_shard_scalar(param, loaded, 0, self.prefix)
         _copy_checked(param, loaded, self.prefix)
 
 
@@ -143,17 +159,21 @@ class ColumnParallelLinear(LinearBase):
         y = self.method.apply(self, x, self.bias)
         return self.parallel.all_gather_last_dim(y) if self.gather_output else y
 
-    def _shard(self, loaded: torch.Tensor, dim: int, index: int) -> torch.Tensor:
-        size = self.output_sizes[index]
+    def _shard(self, loaded: torch.Tensor, dim: int, index: int, pack: int = 1
+               ) -> torch.Tensor:
+        size = self.output_sizes[index] // pack
         return loaded.narrow(dim, self.parallel.tp_rank * size, size)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: str | int | None = None) -> None:
         dim = getattr(param, "output_dim", None)
         index = self.shard_index(shard_id)
+        if getattr(param, "shard_scalar", False):
+            return _copy_shard_scalar(param, loaded, index, f"{self.prefix}[{shard_id}]")
         if dim is None:
             return _copy_checked(param, loaded, self.prefix)
-        offset = sum(self.output_sizes[:index])
+        pack = _pack_factor(param, dim)  # packed quantized tensors: offsets in words
+        offset = sum(self.output_sizes[:index]) // pack
         if shard_id is None and len(self.output_sizes) > 1:  # fused tensor in the checkpoint
             if self.parallel.tp_size == 1:
                 return _copy_checked(param.data, loaded, self.prefix)
@@ -166,8 +186,9 @@ class ColumnParallelLinear(LinearBase):
             for sid, piece in zip(self.shard_ids(), loaded.split(sizes, dim), strict=True):
                 self.weight_loader(param, piece, sid)
             return None
-        target = param.data.narrow(dim, offset, self.output_sizes[index])
-        _copy_checked(target, self._shard(loaded, dim, index), f"{self.prefix}[{shard_id}]")
+        target = param.data.narrow(dim, offset, self.output_sizes[index] // pack)
+        _copy_checked(target, self._shard(loaded, dim, index, pack),
+                      f"{self.prefix}[{shard_id}]")
 
     def shard_index(self, shard_id: str | int | None) -> int:
         return 0 if shard_id is None else int(shard_id)
@@ -214,8 +235,9 @@ class QKVParallelLinear(ColumnParallelLinear):
     def shard_ids(self) -> list[str | int]:
         return ["q", "k", "v"]
 
-    def _shard(self, loaded: torch.Tensor, dim: int, index: int) -> torch.Tensor:
-        size = self.output_sizes[index]
+    def _shard(self, loaded: torch.Tensor, dim: int, index: int, pack: int = 1
+               ) -> torch.Tensor:
+        size = self.output_sizes[index] // pack
         rank = self.parallel.tp_rank if index == 0 else self.parallel.tp_rank // self.kv_replicas
         return loaded.narrow(dim, rank * size, size)
 
@@ -238,6 +260,8 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: str | int | None = None) -> None:
+        if getattr(param, "shard_scalar", False):
+            return _copy_shard_scalar(param, loaded, 0, self.prefix)
         dim = getattr(param, "input_dim", None)
         if dim is not None and self.parallel.tp_size > 1:
             size = param.shape[dim]

@@ -16,3 +16,10 @@ from glowlm_x86.platform import X86Platform
 @hookimpl
 def glowlm_platforms() -> list[type[Platform]]:
     return [X86Platform]
+
+
+@hookimpl
+def glowlm_quantization_configs() -> list[type]:
+    from glowlm_x86.quant import quantization_configs
+
+    return quantization_configs()

@@ -1,0 +1,122 @@
+"""The canonical quantized weights every format turns into, and the matmuls over them.
+
+Each format stores its integers differently (GPTQ packs eight 4-bit values along
+the input dim of an int32, AWQ along the output dim in an interleaved nibble order,
+compressed-tensors along the input dim with a sign offset). After loading, a linear
+method unpacks them once into one of two canonical forms, so a kernel set only has
+to understand these two:
+
+- :class:`WeightOnlyInt` (W4A16, W8A16): ``w = scale * (q - zero)`` per group of
+  ``group_size`` input channels, activations stay in the model dtype;
+- :class:`Int8Weights` (W8A8): int8 weights with a per-output-channel scale, and
+  activations quantized to int8 per token at run time (dynamic) or with a
+  calibrated per-tensor scale and zero point (static); int8 x int8 products are
+  summed exactly in integers.
+
+:class:`QuantKernels` is what a platform supplies: ``prepare_*`` repacks a canonical
+weight once for its kernel, the call runs it. :data:`REFERENCE_KERNELS` is the pure-
+PyTorch definition the compiled kernels are tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: int8 activations are symmetric in [-127, 127] when dynamic (vLLM's and
+#: compressed-tensors' per-token rule: scale = max|x| / 127).
+INT8_MAX = 127.0
+
+
+@dataclass
+class WeightOnlyInt:
+    """``w[n, k] = scales[n, k // group_size] * (q[n, k] - zeros[n, k // group_size])``."""
+
+    q: torch.Tensor                 #: uint8 [N, K], values in [0, 2**bits)
+    scales: torch.Tensor            #: float32 [N, K // group_size]
+    zeros: torch.Tensor             #: float32 [N, K // group_size], in q units
+    bits: int
+    group_size: int                 #: K for per-channel
+    #: int64 [K] or None: with act order the columns of ``q`` are sorted by group,
+    #: and ``x[:, perm]`` lines the activations up with them.
+    perm: torch.Tensor | None = None
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [N, K] in ``q``'s column order."""
+        g = self.group_size
+        return ((self.q.float() - self.zeros.repeat_interleave(g, 1))
+                * self.scales.repeat_interleave(g, 1))
+
+
+@dataclass
+class Int8Weights:
+    """W8A8: int8 weights ``q`` [N, K] with ``weight_scale`` [N]; activation quantization."""
+
+    q: torch.Tensor                 #: int8 [N, K], symmetric
+    weight_scale: torch.Tensor      #: float32 [N]
+    #: None: dynamic per-token symmetric scales; else the static per-tensor scale.
+    input_scale: float | None = None
+    input_zero_point: int = 0       #: static asymmetric activations only
+
+
+def quantize_activations(x: torch.Tensor, input_scale: float | None, zero_point: int
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [M, K] float -> (int values as float32 [M, K], per-row scale float32 [M, 1]).
+
+    Dynamic: ``inv = 127 / max|x_row|`` and ``q = round(x * inv)`` in float32 with
+    round-half-to-even, the arithmetic the compiled kernels do, so they agree on
+    every integer. Static: ``q = clamp(round(x * (1 / scale)) + zero_point, -128, 127)``.
+    """
+    x = x.float()
+    if input_scale is None:
+        amax = x.abs().amax(dim=1, keepdim=True)
+        safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+        inv = INT8_MAX / safe
+        q = torch.round(x * inv).clamp(-INT8_MAX, INT8_MAX)
+        return q, torch.where(amax > 0, safe / INT8_MAX, torch.ones_like(amax))
+    inv = torch.tensor(1.0 / input_scale, dtype=torch.float32)
+    q = (torch.round(x * inv) + zero_point).clamp(-128, 127)
+    return q, torch.full((x.shape[0], 1), float(input_scale), dtype=torch.float32)
+
+
+class QuantKernels:
+    """The quantized matmuls; this base class is core's pure-PyTorch reference.
+
+    Subclasses (a plugin's compiled kernels) override all four methods; ``prepare_*``
+    runs once per layer after loading and may return any object, which is handed back
+    to the call on every forward.
+    """
+
+    name = "reference"
+
+    def prepare_weight_only(self, w: WeightOnlyInt) -> Any:
+        return w
+
+    def weight_only(self, x: torch.Tensor, prepared: Any, bias: torch.Tensor | None
+                    ) -> torch.Tensor:
+        w: WeightOnlyInt = prepared
+        x2 = x.reshape(-1, x.shape[-1]).float()
+        if w.perm is not None:
+            x2 = x2.index_select(1, w.perm)
+        y = F.linear(x2, w.dequantize(), None if bias is None else bias.float())
+        return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+    def prepare_w8a8(self, w: Int8Weights) -> Any:
+        return w
+
+    def w8a8(self, x: torch.Tensor, prepared: Any, bias: torch.Tensor | None) -> torch.Tensor:
+        w: Int8Weights = prepared
+        x2 = x.reshape(-1, x.shape[-1])
+        q, scale = quantize_activations(x2, w.input_scale, w.input_zero_point)
+        # Integer sums, exact in float64 (|sum| < 2**53 for any realistic K).
+        acc = (q.double() - w.input_zero_point) @ w.q.double().T
+        y = (acc * scale.double() * w.weight_scale.double()).float()
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+REFERENCE_KERNELS = QuantKernels()

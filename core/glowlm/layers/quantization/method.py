@@ -1,0 +1,117 @@
+"""What every quantized linear method shares: checkpoint-shaped parameters, unpacking.
+
+A method's ``create_weights`` declares the tensors exactly as the checkpoint
+stores them (packed int32, scales, zero points, group indices), so the loader
+copies them without knowing the format; ``process_weights_after_loading`` turns
+them into a canonical form (:mod:`.kernels`), hands that to the platform's
+kernels to repack once, and drops the checkpoint-shaped parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from glowlm.errors import ModelLoadError
+from glowlm.layers.linear import LinearMethod
+from glowlm.layers.quantization.kernels import Int8Weights, QuantKernels, WeightOnlyInt
+
+#: AutoAWQ's GEMM layout: nibble i of an int32 holds logical column ORDER[i] of its 8.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def add_param(layer: nn.Module, name: str, shape: Sequence[int], dtype: torch.dtype, *,
+              output_dim: int | None = None, input_dim: int | None = None,
+              packed_dim: int | None = None, packed_factor: int = 1,
+              shard_scalar: bool = False) -> None:
+    """Register an uninitialised parameter with the attributes the weight loaders read.
+
+    ``packed_dim``/``packed_factor``: that axis holds ``packed_factor`` values per
+    element (an int32 of eight 4-bit values), so shard offsets along it are divided.
+    ``shard_scalar``: one value per fused projection (per-tensor scales).
+    """
+    p = nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+    if output_dim is not None:
+        p.output_dim = output_dim  # type: ignore[attr-defined]
+    if input_dim is not None:
+        p.input_dim = input_dim  # type: ignore[attr-defined]
+    if packed_dim is not None:
+        p.packed_dim, p.packed_factor = packed_dim, packed_factor  # type: ignore[attr-defined]
+    if shard_scalar:
+        p.shard_scalar = True  # type: ignore[attr-defined]
+    layer.register_parameter(name, p)
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """int32 words holding ``32 // bits`` values each, lowest bits first, along ``dim``.
+
+    Returns int32 values in ``[0, 2**bits)``; the unpacked axis is ``32 // bits``
+    times longer.
+    """
+    per = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    p = packed.to(torch.int32).unsqueeze(dim + 1) if dim == 0 else packed.to(torch.int32)
+    if dim == 0:  # [R, C] -> [R, per, C]
+        vals = (p >> shifts.view(1, per, 1)) & ((1 << bits) - 1)
+        return vals.reshape(packed.shape[0] * per, packed.shape[1])
+    vals = (p.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)   # [R, C, per]
+    return vals.reshape(packed.shape[0], packed.shape[1] * per)
+
+
+def group_perm(g_idx: torch.Tensor, group_size: int, prefix: str) -> torch.Tensor | None:
+    """The column order that makes act-order groups contiguous (None if already so).
+
+    GPTQ's ``desc_act`` quantizes columns in activation order, so column ``k``
+    belongs to group ``g_idx[k]`` and groups are scattered; sorting the columns by
+    group lets kernels read groups contiguously, with ``x[:, perm]`` at run time.
+    """
+    g = g_idx.to(torch.int64)
+    k = g.numel()
+    natural = torch.arange(k, dtype=torch.int64) // group_size
+    if torch.equal(g, natural):
+        return None
+    perm = torch.argsort(g, stable=True)
+    if not torch.equal(g[perm], natural):
+        raise ModelLoadError(f"{prefix}: g_idx does not give every group {group_size} "
+                             "columns; this act-order layout is not supported")
+    return perm
+
+
+class QuantLinearMethod(LinearMethod):
+    """Base: the checkpoint's parameters in, a kernel-prepared weight out."""
+
+    #: Names of the checkpoint-shaped parameters dropped after repacking.
+    param_names: tuple[str, ...] = ()
+
+    def __init__(self, kernels: QuantKernels) -> None:
+        self.kernels = kernels
+
+    def canonical(self, layer: nn.Module) -> WeightOnlyInt | Int8Weights:
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        canon = self.canonical(layer)
+        for name in self.param_names:
+            if hasattr(layer, name):
+                delattr(layer, name)
+        if isinstance(canon, Int8Weights):
+            layer.quant_weight = self.kernels.prepare_w8a8(canon)
+        else:
+            layer.quant_weight = self.kernels.prepare_weight_only(canon)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        if isinstance(self, W8A8Mixin):
+            return self.kernels.w8a8(x, layer.quant_weight, bias)
+        return self.kernels.weight_only(x, layer.quant_weight, bias)
+
+
+class W8A8Mixin:
+    """Marks a method whose canonical form is :class:`Int8Weights`."""
+
+
+def check_divisible(value: int, by: int, what: str, prefix: str) -> None:
+    if by <= 0 or value % by:
+        raise ModelLoadError(f"{prefix}: {what} {value} is not a multiple of {by}")

@@ -1,0 +1,405 @@
+// Quantized linear kernels: weight-only int4/int8 (W4A16, W8A16) and int8 x int8 (W8A8).
+//
+// Both read weights in a layout prepared once at load (glowlm_x86/quant.py) so that one
+// contiguous load feeds one register of 16 output rows:
+//
+//   weight-only:  [N/16][K/2][16] bytes for 4 bits (low nibble: column k, high: k + 1),
+//                 [N/16][K/2][2][16] bytes for 8 bits (16 rows of column k, then k + 1);
+//                 unsigned values q with w = scale * (q - zero) per group of columns.
+//   W8A8:         [N/16][K/4][16][4] int8: four consecutive columns of each of 16 rows,
+//                 the operand layout of vpdpbusd (VNNI), so one instruction does 64
+//                 multiply-adds into 16 int32 sums.
+//
+// Weight-only: the weights never exist in floating point in memory. Each loaded byte
+// becomes fp32 in registers and is multiplied by the activation; the zero point and
+// scale are applied once per group and row: y += s * (sum_k x_k q_k - zero * sum_k x_k),
+// so the inner loop is convert + FMA. The same loop serves decode (1-8 token rows,
+// streaming the weights once) and prefill: tokens are taken MT at a time against the
+// same weight registers (a register-blocked GEMM; the block's weights stay in L1/L2
+// between token tiles).
+//
+// W8A8: activations are quantized per row first (dynamic: scale = max|x| / 127;
+// static: the calibrated scale and zero point), stored as u8 = q + 128 so vpdpbusd's
+// unsigned x signed product applies; the +128 is removed with the precomputed row sums
+// of the weights. Sums are exact int32.
+#include <torch/all.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+// Both kernel layouts: the shared tree (csrc/cpu/*.h) and the x86 plugin's flat csrc.
+#if __has_include("cpu/vec.h")
+#include "cpu/parallel.h"
+#include "cpu/vec.h"
+#else
+#include "parallel.h"
+#include "vec.h"
+#endif
+
+#if !defined(GLOWLM_VEC_PORTABLE) && (defined(__AVX512F__) || defined(__AVX2__))
+#include <immintrin.h>
+#define GLOWLM_QUANT_X86 1
+#endif
+
+namespace glowlm {
+namespace {
+
+using vec::VecF;
+constexpr int kRows = 16;                  // output rows per weight block
+constexpr int kVecs = kRows / vec::W;      // registers per block (1 on AVX-512, 2 else)
+
+// W consecutive bytes -> fp32 (u8), or the low / high nibbles of them.
+inline VecF u8_to_vec(const uint8_t* p) {
+#if defined(GLOWLM_QUANT_X86) && defined(__AVX512F__)
+  return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)))};
+#elif defined(GLOWLM_QUANT_X86)
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)))};
+#else
+  float t[vec::W];
+  for (int i = 0; i < vec::W; ++i) t[i] = static_cast<float>(p[i]);
+  return vec::load(t);
+#endif
+}
+
+inline void nibbles_to_vec(const uint8_t* p, VecF& lo, VecF& hi) {
+#if defined(GLOWLM_QUANT_X86) && defined(__AVX512F__)
+  __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+  lo = {_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)))};
+  hi = {_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4))};
+#elif defined(GLOWLM_QUANT_X86)
+  __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  lo = {_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)))};
+  hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4))};
+#else
+  float l[vec::W], h[vec::W];
+  for (int i = 0; i < vec::W; ++i) {
+    l[i] = static_cast<float>(p[i] & 15);
+    h[i] = static_cast<float>(p[i] >> 4);
+  }
+  lo = vec::load(l);
+  hi = vec::load(h);
+#endif
+}
+
+// One tile: MT token rows x NB weight blocks (NB * 16 output rows), all of K.
+// x: fp32 [M][K] (row stride K); xs: per-row group sums [M][G]; out: fp32 [M][ldo].
+template <int BITS, int MT, int NB>
+void wna16_tile(const float* x, const float* xs, int64_t K, int64_t G, int64_t group,
+                const uint8_t* w, const float* scales, const float* zs, int64_t npad,
+                int64_t b0, float* out, int64_t ldo) {
+  constexpr int L = NB * kVecs;                    // fp32 registers of output rows
+  constexpr int64_t kPairBytes = BITS == 4 ? kRows : 2 * kRows;
+  const int64_t block_bytes = (K / 2) * kPairBytes;
+  float yv[MT][L * vec::W];
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    GLOWLM_UNROLL for (int l = 0; l < L; ++l) vec::store(&yv[m][l * vec::W], vec::zero());
+  const int64_t pairs = group / 2;
+  for (int64_t g = 0; g < G; ++g) {
+    VecF acc0[MT][L], acc1[MT][L];
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+      GLOWLM_UNROLL for (int l = 0; l < L; ++l) acc0[m][l] = acc1[m][l] = vec::zero();
+    const int64_t kp0 = g * pairs;
+    for (int64_t kp = kp0; kp < kp0 + pairs; ++kp) {
+      VecF lo[L], hi[L];
+      GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb) {
+        const uint8_t* p = w + (b0 + nb) * block_bytes + kp * kPairBytes;
+        GLOWLM_UNROLL for (int v = 0; v < kVecs; ++v) {
+          if constexpr (BITS == 4) {
+            nibbles_to_vec(p + v * vec::W, lo[nb * kVecs + v], hi[nb * kVecs + v]);
+          } else {
+            lo[nb * kVecs + v] = u8_to_vec(p + v * vec::W);
+            hi[nb * kVecs + v] = u8_to_vec(p + kRows + v * vec::W);
+          }
+        }
+      }
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+        const VecF x0 = vec::broadcast(x + m * K + 2 * kp);
+        const VecF x1 = vec::broadcast(x + m * K + 2 * kp + 1);
+        GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
+          acc0[m][l] = vec::fmadd(x0, lo[l], acc0[m][l]);
+          acc1[m][l] = vec::fmadd(x1, hi[l], acc1[m][l]);
+        }
+      }
+    }
+    // y += s * sum(x q) - (zero * s) * sum(x), per row of the group.
+    GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
+      const int64_t row = b0 * kRows + l * vec::W;
+      const VecF s = vec::load(scales + g * npad + row);
+      const VecF z = vec::load(zs + g * npad + row);
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+        VecF y = vec::load(&yv[m][l * vec::W]);
+        y = vec::fmadd(s, vec::add(acc0[m][l], acc1[m][l]), y);
+        y = vec::fmadd(vec::sub(vec::zero(), z), vec::set1(xs[m * G + g]), y);
+        vec::store(&yv[m][l * vec::W], y);
+      }
+    }
+  }
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    std::memcpy(out + m * ldo + b0 * kRows, yv[m], sizeof(float) * L * vec::W);
+}
+
+template <int BITS, int NB>
+void wna16_rows(const float* x, const float* xs, int64_t M, int64_t K, int64_t G,
+                int64_t group, const uint8_t* w, const float* scales, const float* zs,
+                int64_t npad, int64_t b0, float* out) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4)
+    wna16_tile<BITS, 4, NB>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
+                            out + m * npad, npad);
+  for (; m + 2 <= M; m += 2)
+    wna16_tile<BITS, 2, NB>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
+                            out + m * npad, npad);
+  for (; m < M; ++m)
+    wna16_tile<BITS, 1, NB>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
+                            out + m * npad, npad);
+}
+
+template <int BITS>
+void wna16_run(const float* x, const float* xs, int64_t M, int64_t K, int64_t G,
+               int64_t group, const uint8_t* w, const float* scales, const float* zs,
+               int64_t npad, float* out) {
+  // Two blocks (32 rows) per work item on AVX-512, one on 8-lane ISAs (register count).
+  constexpr int NB = kVecs == 1 ? 2 : 1;
+  const int64_t blocks = npad / kRows;
+  const int64_t items = (blocks + NB - 1) / NB;
+  // Long prefills: cut the token rows too, so both threads work when N is small.
+  constexpr int64_t kTokenChunk = 64;
+  const int64_t mchunks = (M + kTokenChunk - 1) / kTokenChunk;
+  parallel_chunks(items * mchunks, [&](int64_t i) {
+    const int64_t item = i % items, mc = i / items;
+    const int64_t m0 = mc * kTokenChunk, mn = std::min(kTokenChunk, M - m0);
+    const int64_t b0 = item * NB;
+    const float* xm = x + m0 * K;
+    const float* xsm = xs + m0 * G;
+    float* om = out + m0 * npad;
+    if (b0 + NB <= blocks) {
+      wna16_rows<BITS, NB>(xm, xsm, mn, K, G, group, w, scales, zs, npad, b0, om);
+    } else {
+      for (int64_t b = b0; b < blocks; ++b)
+        wna16_rows<BITS, 1>(xm, xsm, mn, K, G, group, w, scales, zs, npad, b, om);
+    }
+  });
+}
+
+at::Tensor finish(const at::Tensor& acc, int64_t n, const std::optional<at::Tensor>& bias,
+                  at::ScalarType dtype) {
+  at::Tensor y = acc.narrow(1, 0, n);
+  if (bias.has_value()) y = y + bias->to(at::kFloat);
+  return y.to(dtype).contiguous();
+}
+
+}  // namespace
+
+at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
+                        const at::Tensor& zs, int64_t bits, int64_t group_size, int64_t n,
+                        const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "wna16_linear: x must be [M, K]");
+  TORCH_CHECK(bits == 4 || bits == 8, "wna16_linear: bits must be 4 or 8");
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous(),
+              "wna16_linear: weight must be contiguous uint8 (prepared layout)");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && zs.scalar_type() == at::kFloat &&
+                  scales.is_contiguous() && zs.is_contiguous(),
+              "wna16_linear: scales and zs must be contiguous float32 [G, Npad]");
+  const int64_t M = x.size(0), K = x.size(1), G = scales.size(0), npad = scales.size(1);
+  TORCH_CHECK(group_size % 2 == 0 && G * group_size == K, "wna16_linear: K ", K,
+              " is not ", G, " groups of ", group_size);
+  TORCH_CHECK(npad % kRows == 0 && n <= npad && weight.numel() == npad * K * bits / 8,
+              "wna16_linear: weight does not match N ", npad, " x K ", K);
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor xs = xf.view({M, G, group_size}).sum(2).contiguous();
+  at::Tensor out = at::empty({M, npad}, x.options().dtype(at::kFloat));
+  if (M > 0) {
+    const uint8_t* w = weight.data_ptr<uint8_t>();
+    if (bits == 4)
+      wna16_run<4>(xf.data_ptr<float>(), xs.data_ptr<float>(), M, K, G, group_size, w,
+                   scales.data_ptr<float>(), zs.data_ptr<float>(), npad,
+                   out.data_ptr<float>());
+    else
+      wna16_run<8>(xf.data_ptr<float>(), xs.data_ptr<float>(), M, K, G, group_size, w,
+                   scales.data_ptr<float>(), zs.data_ptr<float>(), npad,
+                   out.data_ptr<float>());
+  }
+  return finish(out, n, bias, x.scalar_type());
+}
+
+// ---------------------------------------------------------------------------- W8A8
+
+namespace {
+
+// Quantize one row to u8 = q + 128 (K padded to kp with q = 0); returns the scale.
+float quantize_row(const float* x, int64_t K, int64_t kp, double input_scale, int64_t zp,
+                   uint8_t* out) {
+  float scale, inv;
+  if (input_scale <= 0) {
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
+    if (amax > 0) {
+      inv = 127.0f / amax;
+      scale = amax / 127.0f;
+    } else {
+      inv = 127.0f;  // every q is 0
+      scale = 1.0f;
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      float q = std::nearbyint(x[k] * inv);
+      q = std::min(127.f, std::max(-127.f, q));
+      out[k] = static_cast<uint8_t>(static_cast<int>(q) + 128);
+    }
+  } else {
+    inv = static_cast<float>(1.0 / input_scale);
+    scale = static_cast<float>(input_scale);
+    for (int64_t k = 0; k < K; ++k) {
+      float q = std::nearbyint(x[k] * inv) + static_cast<float>(zp);
+      q = std::min(127.f, std::max(-128.f, q));
+      out[k] = static_cast<uint8_t>(static_cast<int>(q) + 128);
+    }
+  }
+  // Padding columns meet zero weights; any value is exact. Use q = 0.
+  for (int64_t k = K; k < kp; ++k) out[k] = 128;
+  return scale;
+}
+
+// int32 sums of one 16-row block for MT token rows: acc[m][r] = sum_k xq[m][k] * w[r][k].
+template <int MT>
+void w8a8_block_generic(const uint8_t* xq, int64_t kp, const int8_t* w, int32_t* acc) {
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < kRows; ++r) acc[m * kRows + r] = 0;
+  for (int64_t q = 0; q < kp / 4; ++q) {
+    const int8_t* wq = w + q * kRows * 4;
+    for (int m = 0; m < MT; ++m) {
+      const uint8_t* xm = xq + m * kp + q * 4;
+      for (int r = 0; r < kRows; ++r) {
+        int32_t s = 0;
+        for (int j = 0; j < 4; ++j) s += int32_t(xm[j]) * int32_t(wq[r * 4 + j]);
+        acc[m * kRows + r] += s;
+      }
+    }
+  }
+}
+
+#if defined(GLOWLM_QUANT_X86) && defined(__AVX512F__)
+// MT token rows x NB blocks with vpdpbusd: per 4 columns, one 64-byte weight load per
+// block and one instruction per (token, block).
+template <int MT, int NB>
+__attribute__((target("avx512vnni"))) void w8a8_tile_vnni(const uint8_t* xq, int64_t kp,
+                                                          const int8_t* w, int64_t block_bytes,
+                                                          int32_t* acc) {
+  __m512i a[MT][NB];
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb) a[m][nb] = _mm512_setzero_si512();
+  for (int64_t q = 0; q < kp / 4; ++q) {
+    __m512i wv[NB];
+    GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb)
+      wv[nb] = _mm512_loadu_si512((const void*)(w + nb * block_bytes + q * 64));
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+      int32_t xv;
+      std::memcpy(&xv, xq + m * kp + q * 4, 4);
+      const __m512i xb = _mm512_set1_epi32(xv);
+      GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb)
+        a[m][nb] = _mm512_dpbusd_epi32(a[m][nb], xb, wv[nb]);
+    }
+  }
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb)
+      _mm512_storeu_si512((void*)(acc + (m * NB + nb) * kRows), a[m][nb]);
+}
+
+bool has_vnni() {
+  static const bool yes = __builtin_cpu_supports("avx512vnni");
+  return yes;
+}
+#endif
+
+}  // namespace
+
+at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& wscale,
+                       const at::Tensor& wsum, double input_scale, int64_t input_zp, int64_t n,
+                       const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "w8a8_linear: x must be [M, K]");
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.is_contiguous() && weight.dim() == 4 &&
+                  weight.size(2) == kRows && weight.size(3) == 4,
+              "w8a8_linear: weight must be int8 [N/16, K/4, 16, 4]");
+  TORCH_CHECK(wscale.scalar_type() == at::kFloat && wsum.scalar_type() == at::kInt,
+              "w8a8_linear: wscale float32 and wsum int32 [Npad]");
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t blocks = weight.size(0), kp = weight.size(1) * 4, npad = blocks * kRows;
+  TORCH_CHECK(kp >= K && kp - K < 4 && n <= npad && wscale.numel() == npad &&
+                  wsum.numel() == npad,
+              "w8a8_linear: weight does not match K ", K);
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  std::vector<uint8_t> xq(static_cast<size_t>(M * kp));
+  std::vector<float> sx(static_cast<size_t>(M));
+  const float* xp = xf.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    sx[m] = quantize_row(xp + m * K, K, kp, input_scale, input_zp, xq.data() + m * kp);
+  at::Tensor out = at::empty({M, npad}, x.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  const int8_t* w = weight.data_ptr<int8_t>();
+  const float* ws = wscale.data_ptr<float>();
+  const int32_t* wsm = wsum.data_ptr<int32_t>();
+  const int32_t offset = 128 + static_cast<int32_t>(input_zp);
+  const int64_t block_bytes = kp * kRows;
+  constexpr int NB = 4;  // blocks per work item (64 rows): independent VNNI chains
+  const int64_t items = (blocks + NB - 1) / NB;
+  parallel_chunks(items, [&](int64_t item) {
+    int32_t acc[4 * NB * kRows];
+    const int64_t b0 = item * NB, nb_here = std::min<int64_t>(NB, blocks - b0);
+    auto emit = [&](int64_t m0, int mt, int64_t b, int nbt) {
+      // acc layout: [(m * nbt + nb) * 16 + r]
+      for (int m = 0; m < mt; ++m)
+        for (int nb = 0; nb < nbt; ++nb)
+          for (int r = 0; r < kRows; ++r) {
+            const int64_t row = (b + nb) * kRows + r;
+            const int32_t s = acc[(m * nbt + nb) * kRows + r] - offset * wsm[row];
+            o[(m0 + m) * npad + row] = sx[m0 + m] * ws[row] * static_cast<float>(s);
+          }
+    };
+    for (int64_t m = 0; m < M;) {
+#if defined(GLOWLM_QUANT_X86) && defined(__AVX512F__)
+      if (has_vnni() && nb_here == NB) {
+        const uint8_t* xm = xq.data() + m * kp;
+        const int8_t* wb = w + b0 * block_bytes;
+        if (M - m >= 4) {
+          w8a8_tile_vnni<4, NB>(xm, kp, wb, block_bytes, acc);
+          emit(m, 4, b0, NB);
+          m += 4;
+        } else {
+          w8a8_tile_vnni<1, NB>(xm, kp, wb, block_bytes, acc);
+          emit(m, 1, b0, NB);
+          m += 1;
+        }
+        continue;
+      }
+#endif
+      for (int64_t b = b0; b < b0 + nb_here; ++b) {
+        w8a8_block_generic<1>(xq.data() + m * kp, kp, w + b * block_bytes, acc);
+        emit(m, 1, b, 1);
+      }
+      m += 1;
+    }
+  });
+  return finish(out, n, bias, x.scalar_type());
+}
+
+}  // namespace glowlm
+
+// The plugin's torch.ops namespace (-DGLOWLM_OPS_NAMESPACE in the shared tree's builds).
+#ifndef GLOWLM_OPS_NAMESPACE
+#define GLOWLM_OPS_NAMESPACE glowlm_x86
+#endif
+#define GLOWLM_QUANT_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
+#define GLOWLM_QUANT_IMPL(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
+
+GLOWLM_QUANT_FRAGMENT(GLOWLM_OPS_NAMESPACE, m) {
+  m.def("wna16_linear(Tensor x, Tensor weight, Tensor scales, Tensor zs, int bits,"
+        " int group_size, int n, Tensor? bias) -> Tensor");
+  m.def("w8a8_linear(Tensor x, Tensor weight, Tensor wscale, Tensor wsum, float input_scale,"
+        " int input_zp, int n, Tensor? bias) -> Tensor");
+}
+
+GLOWLM_QUANT_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
+  m.impl("wna16_linear", &glowlm::wna16_linear);
+  m.impl("w8a8_linear", &glowlm::w8a8_linear);
+}

@@ -1,0 +1,18 @@
+"""The quantized linear methods on IBM Z: core's formats with core's reference matmuls.
+
+The s390x plugin has no compiled kernels yet (they come with the shared CPU kernel
+tree), so AWQ, GPTQ and compressed-tensors checkpoints load and run through core's
+pure-PyTorch reference (:mod:`glowlm.layers.quantization.kernels`): correct, slow.
+"""
+
+from __future__ import annotations
+
+from glowlm.layers.quantization import QuantizationConfig
+from glowlm.layers.quantization.formats import for_platform
+from glowlm.layers.quantization.kernels import REFERENCE_KERNELS
+
+from glowlm_s390x.platform import S390xPlatform
+
+
+def quantization_configs() -> list[type[QuantizationConfig]]:
+    return for_platform(S390xPlatform, lambda platform: REFERENCE_KERNELS)
