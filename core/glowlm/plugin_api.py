@@ -27,7 +27,11 @@ What is here, by concern:
   forms), and core's references (:class:`ReferenceAttentionBackend`,
   :class:`UnquantizedLinearMethod`, :data:`REFERENCE_OPS`, :mod:`reference_ops`);
 - settings: :class:`Setting` and its parsers, :func:`core_env` (core's variables);
-- models: :func:`register_model`, :class:`CausalLM`, :class:`ModelParts`;
+- models: :func:`register_model`, :class:`CausalLM`, :class:`ModelParts`, and the
+  building blocks core's models use (TP-ready linear layers, embedding and LM head,
+  norms, rotary, activations, :class:`Attention`, :class:`FusedLayer` /
+  :class:`FusedStack` with :func:`decoder_layer_op` / :func:`decoder_stack_op` for
+  layers described as :class:`DecoderLayerWeights`);
 - quantization: :class:`QuantizationConfig`;
 - logging and errors: :func:`init_logger`, :class:`ConfigError` and friends.
 """
@@ -56,16 +60,32 @@ from glowlm.errors import (
     PlatformError,
     PluginError,
 )
+from glowlm.layers.activation import SiluAndMul
+from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
-from glowlm.layers.linear import LinearMethod, UnquantizedLinearMethod
+from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from glowlm.layers.fused import FusedLayer, FusedStack, decoder_layer_op, decoder_stack_op
+from glowlm.layers.linear import (
+    ColumnParallelLinear,
+    LinearMethod,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    UnquantizedLinearMethod,
+)
 from glowlm.layers.linear_choice import TORCH_LINEAR, LinearCandidate
+from glowlm.layers.norm import LayerNorm, RMSNorm
 from glowlm.layers.quantization import QuantizationConfig
+from glowlm.layers.rotary import RotaryEmbedding, rope_settings
 from glowlm.logger import init_logger
-from glowlm.models.base import CausalLM
+from glowlm.models.base import CausalLM, prune_rows
 from glowlm.models.registry import register_model
 from glowlm.ops import reference as reference_ops
 from glowlm.ops.fused import (
+    DecoderLayerFn,
     DecoderLayerWeights,
+    DecoderStackFn,
     LnDecoderLayerFn,
     LnDecoderStackFn,
     LnDecoderWeights,
@@ -108,13 +128,18 @@ def core_env() -> Env:
 
 __all__ = [
     "API_ATTRIBUTE", "DTYPE_NAMES", "ENTRY_POINT_GROUP", "PLUGIN_API_VERSION", "REFERENCE_OPS",
-    "AttentionBackend", "AttentionLayerSpec", "AttentionMetadata", "Capabilities", "CausalLM",
-    "ConfigError", "DecoderLayerWeights", "Env", "GlowlmError", "HostInfo", "LinearCandidate",
-    "LinearMethod", "LnDecoderLayerFn", "LnDecoderStackFn", "LnDecoderWeights", "Match",
-    "ModelLoadError", "ModelParts", "NumaNode", "OpsTable", "Platform", "PlatformError",
-    "PluginError", "QuantizationConfig", "ReferenceAttentionBackend", "RmsDecoderLayerFn",
-    "RmsDecoderStackFn", "RmsDecoderWeights", "Rotary", "Setting", "TORCH_LINEAR",
-    "UnquantizedLinearMethod", "core_env", "dtype_name", "from_dump", "from_files", "hookimpl",
-    "init_logger", "kv_bytes_per_token", "live_host", "parse_bool", "parse_choice",
-    "parse_dtype", "parse_int", "parse_str", "reference_ops", "register_model",
+    "TORCH_LINEAR", "Attention", "AttentionBackend", "AttentionLayerSpec", "AttentionMetadata",
+    "Capabilities", "CausalLM", "ColumnParallelLinear", "ConfigError", "DecoderLayerFn",
+    "DecoderLayerWeights", "DecoderStackFn", "Env", "FusedLayer", "FusedStack", "GlowlmError",
+    "HostInfo", "LayerNorm", "LinearCandidate", "LinearMethod", "LnDecoderLayerFn",
+    "LnDecoderStackFn", "LnDecoderWeights", "Match", "MergedColumnParallelLinear",
+    "ModelLoadError", "ModelParts", "NumaNode", "OpsTable", "ParallelLMHead", "Platform",
+    "PlatformError", "PluginError", "QKVParallelLinear", "QuantizationConfig", "RMSNorm",
+    "ReferenceAttentionBackend", "ReplicatedLinear", "RmsDecoderLayerFn", "RmsDecoderStackFn",
+    "RmsDecoderWeights", "Rotary", "RotaryEmbedding", "RowParallelLinear", "Setting",
+    "SiluAndMul", "UnquantizedLinearMethod", "VocabParallelEmbedding", "core_env",
+    "decoder_layer_op", "decoder_stack_op", "dtype_name", "from_dump", "from_files",
+    "hookimpl", "init_logger", "kv_bytes_per_token", "live_host", "parse_bool", "parse_choice",
+    "parse_dtype", "parse_int", "parse_str", "prune_rows", "reference_ops", "register_model",
+    "rope_settings",
 ]
