@@ -245,6 +245,39 @@ def kv_budget_section(ctx: EnvContext) -> tuple[str, dict[str, object]]:
 SECTIONS += [topology_section, binding_section, numa_binding_section, allocator_section,
              kv_budget_section]
 
+def linear_choice_section(ctx: EnvContext) -> tuple[str, dict[str, object]]:
+    """The measured per-shape linear choice cached for this CPU (glowlm.layers.linear_choice):
+    every thread count and kernel build measured here, each shape's winner per token
+    class with every candidate's time."""
+    from glowlm.layers import linear_choice
+
+    env = envs.get()
+    out: dict[str, object] = {
+        "GLOWLM_LINEAR_IMPL": env.linear_impl or "unset (measure at load)",
+        "cache": env.linear_choice_cache,
+        "token_classes": [f"{c.name}: timed at {c.rows} rows, used up to "
+                          f"{c.max_rows if c.max_rows is not None else 'any'}"
+                          for c in linear_choice.TOKEN_CLASSES]}
+    entries = linear_choice.cached_choices(env.linear_choice_cache, ctx.host)
+    if not entries:
+        out["cached"] = "nothing yet for this CPU (the first model load measures)"
+    for n, entry in enumerate(entries):
+        host = entry.get("host", {})
+        versions = ", ".join(f"{k} {v}" for k, v in sorted(entry.get("candidates", {}).items()))
+        lines = [f"file {entry['file']}", f"threads {host.get('threads')}; {versions}"]
+        for shape, classes in sorted(entry.get("choices", {}).items()):
+            per = "; ".join(
+                f"{cls} {m['winner']} (" + ", ".join(
+                    f"{name} {'skipped' if t is None else f'{t:.0f} us'}"
+                    for name, t in sorted(m.get("us", {}).items())) + ")"
+                for cls, m in classes.items())
+            lines.append(f"{shape}: {per}")
+        out[f"entry{n}"] = lines
+    return "linear choice", out
+
+
+SECTIONS.append(linear_choice_section)
+
 
 def settings_section(ctx: EnvContext) -> tuple[str, dict[str, object]]:
     """Every GLOWLM_* variable core and the installed plugins declare, with its value here."""
