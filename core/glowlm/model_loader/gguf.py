@@ -41,7 +41,7 @@ logger = init_logger(__name__)
 
 MAGIC = b"GGUF"
 #: Bumped when the metadata conversion changes, so old cached directories are redone.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 3
 #: GGUF ``general.architecture`` -> the Hugging Face architecture glowlm builds.
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -149,6 +149,11 @@ def inspect(path: str | Path) -> GGUFInfo:
     types: dict[str, int] = {}
     for t in reader.tensors:
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        # Llama 3.1+ rope scaling travels as per-frequency factors, not as config keys.
+        raise ModelLoadError(f"{path}: this GGUF carries its rotary scaling as a rope_freqs "
+                             "tensor (Llama 3.1-style), which glowlm does not read from GGUF "
+                             "yet; load the model's safetensors directory instead")
     unknown = sorted(set(types) - set(SUPPORTED_TYPES))
     if unknown:
         raise ModelLoadError(f"{path}: tensor type(s) {', '.join(unknown)} are not supported "
@@ -213,6 +218,19 @@ def _convert(path: Path, info: GGUFInfo, out: Path) -> None:
         raise ModelLoadError(f"{path}: cannot read the model config from the GGUF metadata "
                              f"({type(exc).__name__}: {exc})") from None
     raw = config.to_dict()
+    reader = _reader(path)
+    # transformers' key table misses the attention width for some architectures (qwen3);
+    # llama.cpp always writes it when it differs from hidden / heads.
+    key_length = field(reader, f"{info.architecture}.attention.key_length")
+    if isinstance(key_length, int) and key_length > 0:
+        raw["head_dim"] = key_length
+        if info.architecture == "gemma3":
+            # No GGUF key holds it; llama.cpp scales queries by head_dim ** -0.5 except in
+            # the 62-layer 27B model (hidden / heads). transformers' default is 256.
+            heads = int(raw.get("num_attention_heads") or 1)
+            raw["query_pre_attn_scalar"] = (raw["hidden_size"] // heads
+                                            if raw.get("num_hidden_layers") == 62
+                                            else key_length)
     raw["architectures"] = [info.hf_architecture]
     raw["torch_dtype"] = _file_dtype(info)
     raw.pop("_name_or_path", None)
@@ -224,7 +242,6 @@ def _convert(path: Path, info: GGUFInfo, out: Path) -> None:
         raise ModelLoadError(f"{path}: cannot build the tokenizer from the GGUF metadata "
                              f"({type(exc).__name__}: {exc})") from None
     tok.save_pretrained(str(out))
-    reader = _reader(path)
     gen: dict[str, Any] = {}
     for key, name in (("tokenizer.ggml.bos_token_id", "bos_token_id"),
                       ("tokenizer.ggml.eos_token_id", "eos_token_id"),

@@ -1,0 +1,136 @@
+"""Write a tiny Hugging Face checkpoint as a GGUF file, laid out as llama.cpp's converter
+lays it out, so the GGUF loader is tested on every architecture it reads.
+
+The writer does what llama.cpp's ``convert_hf_to_gguf.py`` does to these
+architectures: llama.cpp tensor names, Llama's q/k rows permuted for its rotary
+layout, Gemma's norm weights stored as ``1 + w``, the config as ``<arch>.*`` keys
+and the byte-level BPE vocabulary as ``tokenizer.ggml.*`` (``gpt2`` model). Tensors
+are written as F32 (exact) or quantized to ``qtype`` with the ``gguf`` package.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+#: HF model_type -> GGUF general.architecture.
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+             "gemma3_text": "gemma3"}
+_LAYER = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GEMMA_LAYER = {**_LAYER, "post_attention_layernorm": "post_attention_norm",
+                "pre_feedforward_layernorm": "ffn_norm",
+                "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2) \
+        .reshape(w.shape)
+
+
+def _gguf_name(arch: str, name: str) -> str | None:
+    if name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
+    parts = name.split(".")
+    if parts[:2] != ["model", "layers"]:
+        return None
+    layer, rest = parts[2], ".".join(parts[3:])
+    stem, _, suffix = rest.rpartition(".")
+    table = _GEMMA_LAYER if arch == "gemma3" else _LAYER
+    return f"blk.{layer}.{table[stem]}.{suffix}" if stem in table else None
+
+
+def write_tiny_gguf(model_dir: str | Path, out: str | Path, qtype: str = "F32") -> Path:
+    """``model_dir`` (a tiny_models checkpoint) -> a GGUF file at ``out``."""
+    import gguf
+    from safetensors.torch import load_file
+
+    model_dir, out = Path(model_dir), Path(out)
+    cfg: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
+    arch = GGUF_ARCH[cfg["model_type"]]
+    w = gguf.GGUFWriter(str(out), arch)
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or \
+        cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    w.add_name(model_dir.name)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = cfg.get("rope_parameters") or {}
+    theta = rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0
+    if arch == "gemma3":
+        theta = (rope.get("full_attention") or {}).get("rope_theta", theta)
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    elif arch == "qwen3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    else:
+        w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(float(theta))
+    _add_tokenizer(w, model_dir, cfg["vocab_size"])
+    state = load_file(model_dir / "model.safetensors")
+    for name, t in state.items():
+        gname = _gguf_name(arch, name)
+        if gname is None:
+            continue
+        t = t.float()
+        if arch == "llama" and ".attn_q." in gname:
+            t = _permute(t, heads)
+        elif arch == "llama" and ".attn_k." in gname:
+            t = _permute(t, kv)
+        if arch == "gemma3" and gname.endswith("norm.weight"):
+            t = t + 1.0
+        data = t.numpy()
+        if qtype != "F32" and data.ndim == 2:
+            kind = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(gname, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(data, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _add_tokenizer(w: Any, model_dir: Path, vocab_size: int) -> None:
+    """The BPE vocabulary, padded to the model's vocab size with ``[PAD<i>]`` entries
+    of type UNUSED, as llama.cpp's converter pads a vocabulary smaller than the
+    embedding matrix."""
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    vocab: dict[str, int] = tok["model"]["vocab"]
+    specials = {a["content"]: a["id"] for a in tok.get("added_tokens", [])}
+    size = max(vocab_size, max([*vocab.values(), *specials.values()]) + 1)
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    types = [5] * size
+    for text, i in {**vocab, **specials}.items():
+        tokens[i] = text
+        types[i] = 3 if text in specials else 1
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(specials.get("<s>", 0))
+    w.add_eos_token_id(specials.get("</s>", 1))
+    w.add_add_bos_token(False)
