@@ -206,8 +206,8 @@ print("RESULT" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def reference_runs() -> dict:
-    from glowlm.platforms import current_platform
     from glowlm.layers.quantization import implemented
+    from glowlm.platforms import current_platform
 
     platform = current_platform()
     if "compressed-tensors" not in implemented(platform):

@@ -1,0 +1,131 @@
+"""The compiled quantized kernels against core's reference, and quantized checkpoints end to end.
+
+Random canonical weights (every bit width, group size, token count from decode to a
+prefill tile tail, fp32 and bf16) go through ``quant_linear.cpp`` and through core's
+pure-PyTorch reference (:data:`glowlm.layers.quantization.kernels.REFERENCE_KERNELS`).
+Then the llm-compressor checkpoints in ``core/tests/fixtures/quant`` run through the
+engine with the compiled kernels and are compared with transformers' float32 outputs
+stored beside them (``reference.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from glowlm.layers.quantization.kernels import REFERENCE_KERNELS, Int8Weights, WeightOnlyInt
+from glowlm_x86.kernels.testing import require_kernels
+
+FIXTURES = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "quant"
+CHECKPOINTS = sorted(p.name for p in FIXTURES.iterdir() if (p / "reference.json").exists())
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    require_kernels()
+    from glowlm.platforms import current_platform
+    from glowlm_x86.platform import X86Platform
+    from glowlm_x86.quant import X86_QUANT_KERNELS, load_quant_ops
+
+    platform = current_platform()
+    if not isinstance(platform, X86Platform) or platform.kernels() is None:
+        pytest.skip("the x86 kernels do not run on this host")
+    if not load_quant_ops(platform.kernels().isa):
+        pytest.fail("quant_linear.cpp did not build or load")
+    return X86_QUANT_KERNELS
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+
+
+TOKENS = (1, 3, 8, 9, 70)
+
+
+@pytest.mark.parametrize("m", TOKENS)
+@pytest.mark.parametrize("bits, n, k, group", [(4, 40, 64, 32), (4, 64, 256, 128),
+                                               (8, 48, 128, 128), (4, 24, 96, 96),
+                                               (8, 32, 64, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_only_matches_reference(kernels, m: int, bits: int, n: int, k: int, group: int,
+                                       dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
+    scales = torch.rand(n, k // group, generator=g) * 0.02 + 1e-3
+    zeros = torch.randint(0, 1 << bits, (n, k // group), generator=g).float()
+    w = WeightOnlyInt(q, scales, zeros, bits, group)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    want = REFERENCE_KERNELS.weight_only(x, w, bias)
+    got = kernels.weight_only(x, kernels.prepare_weight_only(w), bias)
+    assert got.dtype == dtype and got.shape == (m, n)
+    # fp32: the same sums in another order; bf16: one output rounding (2**-8).
+    assert _rel_err(got, want) < (2e-6 if dtype == torch.float32 else 8e-3)
+
+
+def test_weight_only_act_order_perm(kernels) -> None:
+    g = torch.Generator().manual_seed(7)
+    perm = torch.randperm(64, generator=g)
+    w = WeightOnlyInt(torch.randint(0, 16, (32, 64), generator=g, dtype=torch.uint8),
+                      torch.rand(32, 2, generator=g), torch.full((32, 2), 8.0), 4, 32, perm)
+    x = torch.randn(3, 64, generator=g)
+    torch.testing.assert_close(kernels.weight_only(x, kernels.prepare_weight_only(w), None),
+                               REFERENCE_KERNELS.weight_only(x, w, None), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", TOKENS)
+@pytest.mark.parametrize("n, k", [(40, 66), (64, 128), (130, 64), (16, 4)])
+@pytest.mark.parametrize("static", [None, (0.02, 0), (0.03, 5)])
+def test_w8a8_matches_reference(kernels, m: int, n: int, k: int,
+                                static: tuple[float, int] | None) -> None:
+    g = torch.Generator().manual_seed(m * 100 + n)
+    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scale, zp = static if static else (None, 0)
+    w = Int8Weights(q, torch.rand(n, generator=g) * 0.01, scale, zp)
+    x = torch.randn(m, k, generator=g)
+    want = REFERENCE_KERNELS.w8a8(x, w, None)
+    got = kernels.w8a8(x, kernels.prepare_w8a8(w), None)
+    # Same integers (identical activation rounding), exact int32 sums: only the final
+    # fp32 products differ in order.
+    assert _rel_err(got, want) < 1e-6
+
+
+def test_w8a8_all_zero_row(kernels) -> None:
+    w = Int8Weights(torch.ones(16, 8, dtype=torch.int8), torch.ones(16))
+    y = kernels.w8a8(torch.zeros(2, 8), kernels.prepare_w8a8(w), None)
+    assert torch.equal(y, torch.zeros(2, 16))
+
+
+@pytest.fixture(scope="module")
+def runs(kernels) -> dict:
+    from glowlm import LLM, SamplingParams
+
+    out = {}
+    for name in CHECKPOINTS:
+        ref = json.loads((FIXTURES / name / "reference.json").read_text())
+        llm = LLM(model=str(FIXTURES / name), dtype="float32", max_model_len=64)
+        methods = {m.method.kernels.name for m in llm.engine.setup.model.modules()
+                   if hasattr(m, "quant_weight")}
+        res = []
+        for prompt in ref["prompts"]:
+            o = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(
+                max_tokens=8, temperature=0, prompt_logprobs=0, ignore_eos=True),
+                use_tqdm=False)[0]
+            res.append(([next(iter(p.values())).logprob for p in o.prompt_logprobs[1:]],
+                        list(o.outputs[0].token_ids)))
+        out[name] = (ref, res, methods)
+    return out
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_checkpoint_matches_transformers(runs: dict, name: str) -> None:
+    ref, res, methods = runs[name]
+    assert methods == {"x86"}
+    tol = 0.1 if name == "w8a8-dynamic" else 1e-4  # docs/quantization.md
+    for (lps, greedy), want_lps, want_greedy in zip(res, ref["prompt_logprobs"], ref["greedy"],
+                                                    strict=True):
+        err = max(abs(a - b) for a, b in zip(lps, want_lps, strict=True))
+        assert err < tol, f"{name}: max |d logprob| {err:.3g}"
+        assert greedy == want_greedy
