@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from glowlm.attention.backend import AttentionLayerSpec
 from glowlm.attention.reference import ReferenceAttentionBackend
 from glowlm.layers.linear import UnquantizedLinearMethod
 from glowlm.platforms.generic import GenericCpuPlatform
@@ -93,3 +94,18 @@ def test_recorded_hosts_ship_as_package_data() -> None:
     assert hosts.load("arm64-apple-m2").system == "Darwin"
     with pytest.raises(FileNotFoundError, match="no recorded host 'nope'; recorded: "):
         hosts.path("nope")
+
+
+def test_a_backend_may_hand_layers_to_the_reference_without_knowing_its_metadata() -> None:
+    # A compiled backend delegates the shapes it lacks to the reference backend with the
+    # metadata it built itself; the reference completes its own per-step values.
+    ref = ReferenceAttentionBackend()
+    steps, tables = [(1, 9), (4, 4)], [[0], [1]]
+    spec = AttentionLayerSpec(2, 2, 16, 0.25)
+    q, k, v = (torch.randn(5, 2, 16) for _ in range(3))
+    cache = torch.zeros(2, 2, 2, 32, 16)
+    want = ref.forward(spec, q, k, v, cache.clone(),
+                       ref.build_metadata(contract.step_metadata(steps, tables, 32)))
+    bare = contract.step_metadata(steps, tables, 32)
+    assert bare.extras == {}
+    torch.testing.assert_close(ref.forward(spec, q, k, v, cache.clone(), bare), want)

@@ -84,6 +84,11 @@ class ReferenceAttentionBackend(AttentionBackend):
     def forward(self, layer: AttentionLayerSpec, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
                 ) -> torch.Tensor:
+        if metadata.num_decodes and "decode_len" not in metadata.extras:
+            # Metadata another backend built (one that hands this backend the layers it
+            # does not cover): add this backend's per-step values once, here, so no
+            # caller reads or builds them (they are private to this backend).
+            self.build_metadata(metadata)
         write_kv(kv_cache, key, value, metadata.slot_mapping, metadata.block_size)
         out = torch.empty_like(query)
         nd, bs, window = metadata.num_decodes, metadata.block_size, layer.sliding_window
