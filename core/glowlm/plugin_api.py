@@ -32,7 +32,10 @@ What is here, by concern:
   norms, rotary, activations, :class:`Attention`, :class:`FusedLayer` /
   :class:`FusedStack` with :func:`decoder_layer_op` / :func:`decoder_stack_op` for
   layers described as :class:`DecoderLayerWeights`);
-- quantization: :class:`QuantizationConfig`;
+- quantization: :class:`QuantizationConfig`, :func:`quantization_for_platform` (the
+  checkpoint formats as configs of one platform), the kernel contract
+  (:class:`QuantKernels`, :class:`WeightOnlyInt`, :class:`Int8Weights`) and its
+  reference (:data:`REFERENCE_QUANT_KERNELS`);
 - logging and errors: :func:`init_logger`, :class:`ConfigError` and friends.
 """
 
@@ -77,6 +80,9 @@ from glowlm.layers.linear import (
 from glowlm.layers.linear_choice import TORCH_LINEAR, LinearCandidate
 from glowlm.layers.norm import LayerNorm, RMSNorm
 from glowlm.layers.quantization import QuantizationConfig
+from glowlm.layers.quantization.formats import for_platform as quantization_for_platform
+from glowlm.layers.quantization.kernels import REFERENCE_KERNELS as REFERENCE_QUANT_KERNELS
+from glowlm.layers.quantization.kernels import Int8Weights, QuantKernels, WeightOnlyInt
 from glowlm.layers.rotary import RotaryEmbedding, rope_settings
 from glowlm.logger import init_logger
 from glowlm.models.base import CausalLM, prune_rows
@@ -128,18 +134,19 @@ def core_env() -> Env:
 
 __all__ = [
     "API_ATTRIBUTE", "DTYPE_NAMES", "ENTRY_POINT_GROUP", "PLUGIN_API_VERSION", "REFERENCE_OPS",
-    "TORCH_LINEAR", "Attention", "AttentionBackend", "AttentionLayerSpec", "AttentionMetadata",
-    "Capabilities", "CausalLM", "ColumnParallelLinear", "ConfigError", "DecoderLayerFn",
-    "DecoderLayerWeights", "DecoderStackFn", "Env", "FusedLayer", "FusedStack", "GlowlmError",
-    "HostInfo", "LayerNorm", "LinearCandidate", "LinearMethod", "LnDecoderLayerFn",
+    "REFERENCE_QUANT_KERNELS", "TORCH_LINEAR", "Attention", "AttentionBackend",
+    "AttentionLayerSpec", "AttentionMetadata", "Capabilities", "CausalLM",
+    "ColumnParallelLinear", "ConfigError", "DecoderLayerFn", "DecoderLayerWeights",
+    "DecoderStackFn", "Env", "FusedLayer", "FusedStack", "GlowlmError", "HostInfo",
+    "Int8Weights", "LayerNorm", "LinearCandidate", "LinearMethod", "LnDecoderLayerFn",
     "LnDecoderStackFn", "LnDecoderWeights", "Match", "MergedColumnParallelLinear",
     "ModelLoadError", "ModelParts", "NumaNode", "OpsTable", "ParallelLMHead", "Platform",
-    "PlatformError", "PluginError", "QKVParallelLinear", "QuantizationConfig", "RMSNorm",
-    "ReferenceAttentionBackend", "ReplicatedLinear", "RmsDecoderLayerFn", "RmsDecoderStackFn",
-    "RmsDecoderWeights", "Rotary", "RotaryEmbedding", "RowParallelLinear", "Setting",
-    "SiluAndMul", "UnquantizedLinearMethod", "VocabParallelEmbedding", "core_env",
-    "decoder_layer_op", "decoder_stack_op", "dtype_name", "from_dump", "from_files",
-    "hookimpl", "init_logger", "kv_bytes_per_token", "live_host", "parse_bool", "parse_choice",
-    "parse_dtype", "parse_int", "parse_str", "prune_rows", "reference_ops", "register_model",
-    "rope_settings",
+    "PlatformError", "PluginError", "QKVParallelLinear", "QuantKernels", "QuantizationConfig",
+    "RMSNorm", "ReferenceAttentionBackend", "ReplicatedLinear", "RmsDecoderLayerFn",
+    "RmsDecoderStackFn", "RmsDecoderWeights", "Rotary", "RotaryEmbedding", "RowParallelLinear",
+    "Setting", "SiluAndMul", "UnquantizedLinearMethod", "VocabParallelEmbedding",
+    "WeightOnlyInt", "core_env", "decoder_layer_op", "decoder_stack_op", "dtype_name",
+    "from_dump", "from_files", "hookimpl", "init_logger", "kv_bytes_per_token", "live_host",
+    "parse_bool", "parse_choice", "parse_dtype", "parse_int", "parse_str", "prune_rows",
+    "quantization_for_platform", "reference_ops", "register_model", "rope_settings",
 ]
