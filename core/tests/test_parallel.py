@@ -74,6 +74,35 @@ def test_tp2_matches_tp1_more_architectures(tiny_model_dir, arch: str) -> None: 
         reference(tiny_model_dir, arch)
 
 
+@pytest.mark.parametrize("arch", ["gpt2"])
+def test_pp2_matches_tp1(tiny_model_dir, arch: str) -> None:  # noqa: ANN001
+    """Two pipeline stages, one layer each: hidden states go rank to rank every step."""
+    assert _tokens(str(tiny_model_dir(arch)), pipeline_parallel_size=2) == \
+        reference(tiny_model_dir, arch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "opt", "qwen2"])
+def test_pp2_matches_tp1_more_architectures(tiny_model_dir, arch: str) -> None:  # noqa: ANN001
+    assert _tokens(str(tiny_model_dir(arch)), pipeline_parallel_size=2) == \
+        reference(tiny_model_dir, arch)
+
+
+def test_tp2_pp2_matches_tp1(tiny_model_dir) -> None:  # noqa: ANN001
+    """Four ranks on this machine's CPUs (oversubscribed): two stages of two TP ranks."""
+    assert _tokens(str(tiny_model_dir("llama")), tensor_parallel_size=2,
+                   pipeline_parallel_size=2) == reference(tiny_model_dir, "llama")
+
+
+def test_tp2_on_the_native_platform(tiny_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The platform's compiled kernels per rank (fused decoder ops off under TP, on at
+    TP = 1): same greedy tokens."""
+    monkeypatch.delenv("GLOWLM_PLATFORM")
+    model = str(tiny_model_dir("llama"))
+    assert _tokens(model, tensor_parallel_size=2) == _tokens(model)
+
+
+@pytest.mark.slow
 def test_tp4_replicates_kv_heads(tiny_model_dir) -> None:  # noqa: ANN001
     """TP 4 > 2 KV heads: each KV head lives on two ranks."""
     assert _tokens(str(tiny_model_dir("llama")), tensor_parallel_size=4) == \
@@ -88,3 +117,84 @@ def test_tp_that_does_not_divide_heads_is_refused(tiny_model_dir) -> None:  # no
 def test_bad_sizes_are_config_errors(tiny_model_dir) -> None:  # noqa: ANN001
     with pytest.raises(ConfigError, match="--tensor-parallel-size must be an integer >= 1"):
         LLM(str(tiny_model_dir("llama")), tensor_parallel_size=0, **ENGINE)
+
+
+# --- failure behaviour ----------------------------------------------------------------
+
+def test_a_killed_rank_ends_the_group_with_one_line(tiny_model_dir) -> None:  # noqa: ANN001
+    import signal
+
+    from glowlm.distributed.shm import RankFailure
+
+    llm = LLM(str(tiny_model_dir("llama")), tensor_parallel_size=2, **ENGINE)
+    try:
+        proc = llm.engine.executor.procs[0]
+        os.kill(proc.pid, signal.SIGKILL)
+        with pytest.raises(RankFailure, match=rf"rank 1 \(pid {proc.pid}\) was killed by "
+                                              r"SIGKILL; stopped all 2 ranks"):
+            llm.generate([{"prompt_token_ids": p} for p in _prompts()],
+                         SamplingParams(max_tokens=150, ignore_eos=True), use_tqdm=False)
+        assert not any(p.is_alive() for p in llm.engine.executor.procs)
+    finally:
+        llm.engine.shutdown()
+
+
+def test_a_plan_that_does_not_fit_names_the_rank(tiny_model_dir) -> None:  # noqa: ANN001
+    from glowlm.errors import MemoryPlanError
+
+    with pytest.raises(Exception, match=r"does not fit in memory: rank \d of 2") as info:
+        LLM(str(tiny_model_dir("llama")), tensor_parallel_size=2,
+            **{**ENGINE, "kv_cache_space_gib": 100000.0})
+    assert isinstance(info.value, MemoryPlanError) or "rank 1:" in str(info.value)
+
+
+def test_sigterm_stops_every_rank(tiny_model_dir, tmp_path) -> None:  # noqa: ANN001
+    """The CLI driver killed by SIGTERM: its rank processes go too (no orphans)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "GLOWLM_CPU_KVCACHE_SPACE": "0.02"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "glowlm.entrypoints.cli.main", "generate",
+         str(tiny_model_dir("llama")), "--prompt", "def fib", "--max-tokens", "100000",
+         "--ignore-eos", "-tp", "2", "--block-size", "32"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            children = _children(proc.pid)
+            line = proc.stderr.readline() if proc.stderr else ""
+            if children and "KV cache" in line and "rank" not in line:
+                break  # the driver finished start-up: generating
+        assert children, "no rank process started"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(c) for c in children):
+            time.sleep(0.1)
+        assert not any(_alive(c) for c in children)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False

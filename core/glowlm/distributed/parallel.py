@@ -75,3 +75,24 @@ def divide(numerator: int, denominator: int, what: str) -> int:
         raise ConfigError(f"{what} ({numerator}) is not divisible by the tensor-parallel size "
                           f"({denominator})")
     return numerator // denominator
+
+
+class PPMissingLayer(torch.nn.Module):
+    """Stands in for a decoder layer another pipeline stage runs: no parameters (its
+    checkpoint tensors are skipped when loading), never called."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("this decoder layer runs on another pipeline stage")
+
+
+def own_layers(make: Any, num_layers: int, parallel: ParallelState) -> torch.nn.ModuleList:
+    """``make(i)`` for the layers of this pipeline stage, :class:`PPMissingLayer` elsewhere
+    (indices, parameter names and KV cache slots stay global)."""
+    if parallel.pp_size > num_layers:
+        from glowlm.errors import ConfigError
+
+        raise ConfigError(f"--pipeline-parallel-size {parallel.pp_size} exceeds the model's "
+                          f"{num_layers} layers")
+    stage = stage_layers(num_layers, parallel.pp_rank, parallel.pp_size)
+    return torch.nn.ModuleList(make(i) if i in stage else PPMissingLayer()
+                               for i in range(num_layers))

@@ -26,6 +26,7 @@ from glowlm.engine.setup import EngineSetup, build_engine_parts
 from glowlm.errors import RequestError
 from glowlm.logger import init_logger
 from glowlm.sampling.params import SamplingParams
+from glowlm.sampling.processors import prepare_params, truncate_prompt
 
 logger = init_logger(__name__)
 
@@ -131,7 +132,10 @@ class LLMEngine:
             text, token_ids = prompt, self.tokenize(prompt)
         else:
             token_ids = list(prompt)
+        token_ids = truncate_prompt(token_ids, params, self.max_model_len)
         max_tokens = self.validate_prompt(token_ids, params)
+        # bad_words tokenized, token ids checked, grammar attached (sampling.processors):
+        prepare_params(params, self.tokenizer, self.vocab_size, self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(request_id, text, token_ids, params, max_tokens,
                           frozenset() if params.ignore_eos else self.eos_token_ids, seed)

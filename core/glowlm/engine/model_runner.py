@@ -20,6 +20,7 @@ from glowlm.attention.backend import AttentionBackend, AttentionMetadata
 from glowlm.engine.outputs import Logprob, PositionLogprobs
 from glowlm.engine.scheduler import SchedulerOutput
 from glowlm.engine.sequence import Sequence
+from glowlm.sampling.processors import add_processors
 from glowlm.sampling.sampler import SamplerOutput, SamplingBatch, noise_key, sample
 
 
@@ -181,6 +182,7 @@ class ModelRunner:
             batch.banned_ids = _pad(banned, vocab)
         wants = [p.logprobs for p in params if p.logprobs is not None]
         batch.max_logprobs = max(wants) if wants else -1
+        add_processors(batch, rows, params, vocab)  # logit_bias, allowed ids, grammar...
         return batch
 
     # -- the step -----------------------------------------------------------------------

@@ -101,6 +101,15 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
                        unquantized=platform.unquantized_linear_method())
     if link is not None:
         parts.parallel = link.parallel
+        if parts.parallel.pp_size > 1:
+            import inspect
+
+            from glowlm.models.registry import model_class
+
+            cls = model_class(getattr(info.hf_config, "architectures", None))
+            if "intermediate" not in inspect.signature(cls.forward).parameters:
+                raise ConfigError(f"{cls.__name__} does not support pipeline parallelism "
+                                  "yet; use --tensor-parallel-size")
         if parts.parallel.tp_size > 1 and rank == 0 and (ops.rms_decoder_layer is not None
                                                          or ops.ln_decoder_layer is not None):
             logger.info("fused decoder layer/stack ops off under tensor parallelism: they run "

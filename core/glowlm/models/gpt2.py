@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from glowlm.attention.backend import AttentionMetadata
+from glowlm.distributed.parallel import PPMissingLayer, own_layers
 from glowlm.errors import ModelLoadError
 from glowlm.layers.activation import ACTIVATION_OPS, Activation
 from glowlm.layers.attention import Attention
@@ -75,23 +76,33 @@ class GPT2LMHeadModel(CausalLM):
         self.wte = VocabParallelEmbedding(config.vocab_size, h, parts, "transformer.wte")
         self.wpe = nn.Embedding(config.n_positions, h, dtype=parts.dtype)
         self.wpe.weight.requires_grad_(False)
-        self.h = nn.ModuleList(GPT2Block(config, i, parts, f"transformer.h.{i}")
-                               for i in range(config.n_layer))
-        self.stack = FusedStack(parts.ops.ln_decoder_stack, [b.fused for b in self.h],
-                                [b.attn for b in self.h])
+        self.parallel = parts.parallel
+        self.h = own_layers(lambda i: GPT2Block(config, i, parts, f"transformer.h.{i}"),
+                            config.n_layer, parts.parallel)
+        self.own = [b for b in self.h if not isinstance(b, PPMissingLayer)]
+        self.stack = FusedStack(parts.ops.ln_decoder_stack, [b.fused for b in self.own],
+                                [b.attn for b in self.own])
         self.ln_f = LayerNorm(h, config.layer_norm_epsilon, parts)
         self.lm_head = ParallelLMHead(config.vocab_size, h, parts, "lm_head")
         self.lm_head.tie(self.wte)
         self.num_layers = config.n_layer
-        self.num_kv_heads = self.h[0].attn.spec.num_kv_heads
-        self.head_size = self.h[0].head_size
+        self.num_kv_heads = self.own[0].attn.spec.num_kv_heads
+        self.head_size = self.own[0].head_size
+        self.kv_layers = [b.attn.layer_index for b in self.own]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
-                output_rows: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.wte(input_ids) + self.wpe(positions)
-        x = run_layers(self.stack, self.h, x, kv_caches, metadata, output_rows)
-        return self.ln_f(x)
+                output_rows: torch.Tensor | None = None,
+                intermediate: dict[str, torch.Tensor] | None = None
+                ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """``intermediate``: the previous pipeline stage's hidden state; a stage other
+        than the last returns its own as ``{"hidden": x}``."""
+        last = self.parallel.is_last_stage
+        x = (self.wte(input_ids) + self.wpe(positions) if intermediate is None
+             else intermediate["hidden"])
+        x = run_layers(self.stack, self.own, x, kv_caches, metadata,
+                       output_rows if last else None)
+        return self.ln_f(x) if last else {"hidden": x}
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)

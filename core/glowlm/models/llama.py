@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from glowlm.attention.backend import AttentionMetadata
+from glowlm.distributed.parallel import PPMissingLayer, own_layers
 from glowlm.layers.activation import SiluAndMul
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
@@ -129,29 +130,44 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parts,
                                                    "model.embed_tokens")
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, parts, f"model.layers.{i}", qkv_bias, qk_norm, o_bias)
-            for i in range(config.num_hidden_layers))
-        self.stack = FusedStack(parts.ops.rms_decoder_stack, [la.fused for la in self.layers],
-                                [la.self_attn.attn for la in self.layers])
+        self.parallel = parts.parallel
+        self.layers = own_layers(
+            lambda i: LlamaDecoderLayer(config, i, parts, f"model.layers.{i}", qkv_bias,
+                                        qk_norm, o_bias),
+            config.num_hidden_layers, parts.parallel)
+        # This pipeline stage's layers (all of them without PP).
+        self.own = [la for la in self.layers if not isinstance(la, PPMissingLayer)]
+        self.stack = FusedStack(parts.ops.rms_decoder_stack, [la.fused for la in self.own],
+                                [la.self_attn.attn for la in self.own])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, parts)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
-                output_rows: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        residual = None
-        prune = output_rows is not None
-        out = self.stack(positions, x, None, kv_caches=kv_caches, metadata=metadata,
-                         skip_last=prune)
+                output_rows: torch.Tensor | None = None,
+                intermediate: dict[str, torch.Tensor] | None = None
+                ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """``intermediate``: the previous pipeline stage's hidden state and residual;
+        a stage other than the last returns its own as that dict."""
+        if intermediate is None:
+            x = self.embed_tokens(input_ids)
+            residual = None
+        else:
+            x, residual = intermediate["hidden"], intermediate["residual"]
+        last = self.parallel.is_last_stage
+        prune = output_rows is not None and last
+        # The stack op starts from the embedding (no residual): later stages go by layer.
+        out = None if residual is not None else self.stack(
+            positions, x, None, kv_caches=kv_caches, metadata=metadata, skip_last=prune)
         if out is not None:
             x, residual = out
         else:
-            for layer in self.layers[:-1] if prune else self.layers:
+            for layer in self.own[:-1] if prune else self.own:
                 x, residual = layer(positions, x, residual, kv_caches, metadata)
         if prune:
-            x, residual = self.layers[-1](positions, x, residual, kv_caches, metadata,
-                                          output_rows)
+            x, residual = self.own[-1](positions, x, residual, kv_caches, metadata,
+                                       output_rows)
+        if not last:
+            return {"hidden": x, "residual": residual}
         x, _ = self.norm(x, residual)
         return x
 
@@ -174,15 +190,18 @@ class LlamaForCausalLM(CausalLM):
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         if self.tied:
             self.lm_head.tie(self.model.embed_tokens)
-        attn = self.model.layers[0].self_attn
+        attn = self.model.own[0].self_attn
         self.num_layers = config.num_hidden_layers
+        self.kv_layers = [la.self_attn.attn.layer_index for la in self.model.own]
         self.num_kv_heads = attn.attn.spec.num_kv_heads
         self.head_size = attn.head_size
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
-                output_rows: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, metadata, output_rows)
+                output_rows: torch.Tensor | None = None,
+                intermediate: dict[str, torch.Tensor] | None = None
+                ) -> torch.Tensor | dict[str, torch.Tensor]:
+        return self.model(input_ids, positions, kv_caches, metadata, output_rows, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)

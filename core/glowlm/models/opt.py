@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from glowlm.attention.backend import AttentionMetadata
+from glowlm.distributed.parallel import PPMissingLayer, own_layers
 from glowlm.errors import ModelLoadError
 from glowlm.layers.activation import ACTIVATION_OPS, Activation
 from glowlm.layers.attention import Attention
@@ -106,24 +107,39 @@ class OPTForCausalLM(CausalLM):
         if config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm",
                                                        False):
             self.final_layer_norm = LayerNorm(h, 1e-5, parts)
-        self.layers = nn.ModuleList(OPTDecoderLayer(config, i, parts, f"model.decoder.layers.{i}")
-                                    for i in range(config.num_hidden_layers))
-        self.stack = FusedStack(parts.ops.ln_decoder_stack, [la.fused for la in self.layers],
-                                [la.attn for la in self.layers])
+        self.parallel = parts.parallel
+        self.layers = own_layers(
+            lambda i: OPTDecoderLayer(config, i, parts, f"model.decoder.layers.{i}"),
+            config.num_hidden_layers, parts.parallel)
+        self.own = [la for la in self.layers if not isinstance(la, PPMissingLayer)]
+        self.stack = FusedStack(parts.ops.ln_decoder_stack, [la.fused for la in self.own],
+                                [la.attn for la in self.own])
         self.lm_head = ParallelLMHead(config.vocab_size, proj, parts, "lm_head")
         self.lm_head.tie(self.embed_tokens)
         self.num_layers = config.num_hidden_layers
-        self.num_kv_heads = self.layers[0].attn.spec.num_kv_heads
-        self.head_size = self.layers[0].head_size
+        self.num_kv_heads = self.own[0].attn.spec.num_kv_heads
+        self.head_size = self.own[0].head_size
+        self.kv_layers = [la.attn.layer_index for la in self.own]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
-                output_rows: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        if self.project_in is not None:
-            x = self.project_in(x)
-        x = x + self.embed_positions(positions + POSITION_OFFSET)
-        x = run_layers(self.stack, self.layers, x, kv_caches, metadata, output_rows)
+                output_rows: torch.Tensor | None = None,
+                intermediate: dict[str, torch.Tensor] | None = None
+                ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """``intermediate``: the previous pipeline stage's hidden state; a stage other
+        than the last returns its own as ``{"hidden": x}``."""
+        if intermediate is None:
+            x = self.embed_tokens(input_ids)
+            if self.project_in is not None:
+                x = self.project_in(x)
+            x = x + self.embed_positions(positions + POSITION_OFFSET)
+        else:
+            x = intermediate["hidden"]
+        last = self.parallel.is_last_stage
+        x = run_layers(self.stack, self.own, x, kv_caches, metadata,
+                       output_rows if last else None)
+        if not last:
+            return {"hidden": x}
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
         if self.project_out is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from glowlm.errors import RequestError
 
@@ -19,6 +20,14 @@ class SamplingParams:
     vLLM does by default; ``prompt_logprobs=k`` does the same for prompt tokens.
     ``seed`` makes a request's samples reproducible whatever else is batched
     with it.
+
+    vLLM's extras: ``logit_bias`` (token id -> value added to the logit, clamped to
+    [-100, 100] as OpenAI does), ``allowed_token_ids`` (only these may be sampled),
+    ``bad_words`` (words never generated: a word's last token is banned where the
+    output ends with the word's other tokens), ``truncate_prompt_tokens`` (keep
+    the prompt's last k tokens; -1: as many as the context holds) and
+    ``structured_outputs`` (a grammar the output must match, applied as a token
+    mask: see :mod:`glowlm.sampling.structured`).
     """
 
     n: int = 1
@@ -39,8 +48,15 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine, not by users:
     stop_strings: list[str] = field(default_factory=list, init=False, repr=False)
+    #: ``bad_words`` as token ids (each word with and without a leading space).
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -51,6 +67,9 @@ class SamplingParams:
             self.stop_strings = list(self.stop)
         if self.top_k == -1:
             self.top_k = 0
+        if self.logit_bias:
+            self.logit_bias = {int(k): max(-100.0, min(100.0, float(v)))
+                               for k, v in self.logit_bias.items()}
         self.validate()
 
     @property
@@ -88,8 +107,8 @@ class SamplingParams:
             raise bad("stop_token_ids", "must be a list of non-negative integers")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or not 0 <= value <= 20):
-                raise bad(name, f"must be an integer in [0, 20], got {value!r}")
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise bad(name, f"must be an integer >= 0, got {value!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise bad(name, f"must be in [-2, 2], got {getattr(self, name)}")
@@ -97,8 +116,70 @@ class SamplingParams:
             raise bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
         if self.n > 1 and self.greedy:
             pass  # allowed: n identical greedy completions, as vLLM does
+        if self.logit_bias and any(t < 0 for t in self.logit_bias):
+            raise bad("logit_bias", "keys must be non-negative token ids")
+        if self.allowed_token_ids is not None and (
+                not self.allowed_token_ids
+                or any(not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
+            raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
+        if self.bad_words is not None and any(
+                not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise bad("bad_words", "must be a list of non-empty strings")
+        t = self.truncate_prompt_tokens
+        if t is not None and (not isinstance(t, int) or (t < 1 and t != -1)):
+            raise bad("truncate_prompt_tokens", f"must be -1 or an integer >= 1, got {t!r}")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids the request names must exist in the model's vocabulary."""
+        for name, ids in (("logit_bias", list(self.logit_bias or ())),
+                          ("allowed_token_ids", self.allowed_token_ids or [])):
+            wrong = [t for t in ids if t >= vocab_size]
+            if wrong:
+                raise RequestError(f"{name} has token id {wrong[0]} outside the vocabulary "
+                                   f"[0, {vocab_size})")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > vocab_size:
+                raise RequestError(f"{name} must be <= the vocabulary size ({vocab_size})")
+
+    @property
+    def needs_processors(self) -> bool:
+        """Whether the sampler must build per-row masks or biases for this request."""
+        return bool(self.logit_bias or self.allowed_token_ids is not None
+                    or self.bad_words_token_ids or self.structured_outputs is not None)
 
     @property
     def needs_penalties(self) -> bool:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1.0)
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's ``structured_outputs``: exactly one of these constrains the output.
+
+    ``json`` is a JSON schema (dict or its text); ``json_object`` any JSON
+    object; ``regex`` a regular expression; ``choice`` one of these strings;
+    ``grammar`` a Lark or GBNF grammar (llguidance reads both).
+    """
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    #: The llguidance grammar, compiled once (glowlm.sampling.structured.grammar_of).
+    compiled: str | None = field(default=None, repr=False)
+    #: The GrammarEngine of the engine serving the request (set when it is added).
+    engine: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise RequestError("structured_outputs must set exactly one of json, regex, "
+                               f"choice, grammar, json_object (got {given or 'none'})")
+        if self.choice is not None and (not self.choice or not all(
+                isinstance(c, str) and c for c in self.choice)):
+            raise RequestError("structured_outputs.choice must be a non-empty list of "
+                               "non-empty strings")

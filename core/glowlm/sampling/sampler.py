@@ -3,7 +3,9 @@
 Rows are sequences that need a next token. Per-row settings travel as tensors
 in a :class:`SamplingBatch` built once per step; nothing here loops over rows.
 
-Order of processing (as in vLLM and transformers): penalties, ``min_tokens``
+Order of processing (as in vLLM and transformers): the request's own logit
+processors (``blocked`` tokens: ``allowed_token_ids``, ``bad_words``, the
+structured-output grammar; then ``logit_bias``), penalties, ``min_tokens``
 masking, temperature, top-k, top-p, min-p; then greedy rows take the argmax and
 the others race exponential noise (``argmax(p / E)``, ``E ~ Exp(1)``), which
 samples exactly from ``p``. Seeded rows draw their noise from a counter-based
@@ -74,6 +76,11 @@ class SamplingBatch:
     prompt_ids: torch.Tensor | None = None   # [R, P] padded with vocab_size
     # Tokens that may not be sampled yet (min_tokens): [R, K] padded with vocab_size
     banned_ids: torch.Tensor | None = None
+    # Request logit processors (glowlm.sampling.processors), None when no row has any:
+    blocked: torch.Tensor | None = None      # [R, vocab] bool: may not be sampled
+    bias_rows: torch.Tensor | None = None    # [B] int64: logit_bias as sparse triples
+    bias_ids: torch.Tensor | None = None     # [B] int64
+    bias_values: torch.Tensor | None = None  # [B] float32
     max_logprobs: int = -1                   # -1: no row wants logprobs
     greedy: bool | None = None               # all rows greedy, if the builder knows it
 
@@ -153,6 +160,12 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     """``logits``: ``[R, vocab]`` float32 raw model output."""
     raw = logits
+    if b.blocked is not None or b.bias_rows is not None:
+        logits = logits.clone()
+        if b.blocked is not None:
+            logits.masked_fill_(b.blocked, float("-inf"))
+        if b.bias_rows is not None:
+            logits.index_put_((b.bias_rows, b.bias_ids), b.bias_values, accumulate=True)
     if b.output_ids is not None:
         logits = apply_penalties(logits, b)
     if b.banned_ids is not None:

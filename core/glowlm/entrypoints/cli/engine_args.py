@@ -1,30 +1,78 @@
-"""Engine and sampling flags shared by the offline verbs (generate, bench)."""
+"""Engine and sampling flags shared by ``serve`` and the offline verbs (generate, bench).
+
+Names and value syntax follow ``vllm serve`` so copied command lines work:
+vLLM's dtype names (``half``, ``float``...), human-readable sizes for
+``--max-model-len`` (``4k``, ``32K``, ``1m``), ``--enable-prefix-caching`` /
+``--no-enable-prefix-caching``, ``--tokenizer`` and ``--trust-remote-code``
+(accepted; glowlm runs no code from model directories, so it only warns).
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
+from glowlm.logger import init_logger
 from glowlm.sampling.params import SamplingParams
+
+logger = init_logger(__name__)
+
+#: vLLM's --dtype names -> glowlm's. ``half`` and ``float`` are vLLM's aliases.
+DTYPE_ALIASES = {"auto": "auto", "half": "float16", "float16": "float16", "fp16": "float16",
+                 "bfloat16": "bfloat16", "bf16": "bfloat16", "float": "float32",
+                 "float32": "float32", "fp32": "float32"}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
+#: vLLM's rule: lowercase is decimal (1k = 1000), uppercase binary (1K = 1024).
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def human_int(text: str) -> int:
+    """``4096``, ``4k`` (4000), ``4K`` (4096), ``25.6k``, ``1m``, ``1M``: as vLLM parses them."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: use an integer, optionally with k/m/g (powers of 1000) "
+            "or K/M/G (powers of 1024), e.g. 4096, 4k, 32K")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
+    return int(value)
+
+
+def dtype_arg(text: str) -> str:
+    try:
+        return DTYPE_ALIASES[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"invalid dtype {text!r}; choose from {', '.join(DTYPE_ALIASES)}") from None
 
 
 def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
     """Engine flags; ``online`` only changes the defaults the help text states."""
     tokens, seqs, where = (2048, 128, "online") if online else (4096, 256, "offline")
     g = p.add_argument_group("engine")
-    g.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"),
-                   help="weights/activations dtype (default: the model's own; bfloat16 is "
-                        "recommended on CPUs)")
+    g.add_argument("--dtype", default="auto", type=dtype_arg, metavar="DTYPE",
+                   help="weights/activations dtype: auto (the model's own), bfloat16, "
+                        "float16 (half), float32 (float); bfloat16 is recommended on CPUs")
+    g.add_argument("--tokenizer", metavar="DIR",
+                   help="tokenizer directory (default: the model's)")
+    g.add_argument("--trust-remote-code", action="store_true", default=False,
+                   help="accepted for vLLM compatibility; glowlm never runs code from a "
+                        "model directory (a warning says so)")
     g.add_argument("--platform", help="force a platform by name (overrides GLOWLM_PLATFORM)")
-    g.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    g.add_argument("--max-model-len", type=human_int, metavar="N",
+                   help="context length, e.g. 4096, 4k (4000), 4K (4096) (default: the "
+                        "model's)")
     g.add_argument("--block-size", type=int, help="KV cache block size, a multiple of the "
                    "platform's block_size_multiple (32 on every in-tree platform; default 128)")
-    g.add_argument("--max-num-batched-tokens", type=int,
+    g.add_argument("--max-num-batched-tokens", type=human_int,
                    help=f"tokens per engine step (default {tokens} x world size {where})")
     g.add_argument("--max-num-seqs", type=int,
                    help=f"sequences per batch (default {seqs} x world size {where})")
-    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                   action="store_false", default=None, help="turn the prefix cache off")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=None, help="the prefix cache (default: on)")
     g.add_argument("--allow-pickle", action="store_true", default=None,
                    help="allow *.bin pickle weights (they run code when loaded)")
     g.add_argument("--seed", type=int, help="engine seed for unseeded requests (default 0)")
@@ -38,8 +86,12 @@ def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("dtype", "platform", "max_model_len", "block_size", "max_num_batched_tokens",
-            "max_num_seqs", "enable_prefix_caching", "allow_pickle", "seed")
+    if getattr(args, "trust_remote_code", False):
+        logger.warning("--trust-remote-code: accepted, but glowlm runs no code from model "
+                       "directories; only built-in architectures load")
+    keys = ("tokenizer", "dtype", "platform", "max_model_len",
+            "block_size", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+            "allow_pickle", "seed")
     keys = (*keys, "tensor_parallel_size", "pipeline_parallel_size")
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 

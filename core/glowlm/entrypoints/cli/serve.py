@@ -4,12 +4,17 @@ Start-up order: bind the port (a busy port fails at once), apply the thread
 binding on the engine thread, build the engine on that same thread (it logs the
 platform and why, the dtype and the KV cache in blocks and tokens), then serve.
 Heavy imports happen inside ``run`` so ``glowlm --help`` stays fast.
+
+The flags are ``vllm serve``'s, so a copied command line starts: the ones that
+mean nothing on a CPU engine (GPU memory, CUDA graphs, custom all-reduce...)
+are accepted with one warning each saying why they are ignored.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,53 @@ from glowlm.errors import ConfigError
 from glowlm.logger import init_logger
 
 logger = init_logger(__name__)
+
+#: vLLM serve flags that mean nothing on a CPU engine: flag -> (nargs, why ignored).
+IGNORED_FLAGS: dict[str, tuple[int | str, str]] = {
+    "--gpu-memory-utilization": (1, "the KV cache size is GLOWLM_CPU_KVCACHE_SPACE (GiB)"),
+    "--enforce-eager": (0, "there are no CUDA graphs on CPU"),
+    "--max-seq-len-to-capture": (1, "there are no CUDA graphs on CPU"),
+    "--cuda-graph-sizes": ("*", "there are no CUDA graphs on CPU"),
+    "--compilation-config": (1, "glowlm does not use torch.compile"),
+    "--swap-space": (1, "the KV cache already lives in host memory"),
+    "--cpu-offload-gb": (1, "the weights already live in host memory"),
+    "--disable-custom-all-reduce": (0, "custom all-reduce is a GPU kernel"),
+    "--num-gpu-blocks-override": (1, "there is no GPU KV cache"),
+    "--enable-chunked-prefill": (0, "glowlm always chunks long prefills"),
+    "--no-enable-chunked-prefill": (0, "glowlm always chunks long prefills"),
+    "--disable-frontend-multiprocessing": (0, "the engine runs in the server process"),
+    "--distributed-executor-backend": (1, "glowlm runs its own ranks"),
+    "--load-format": (1, "glowlm reads safetensors (and *.bin with --allow-pickle)"),
+    "--download-dir": (1, "glowlm reads local model directories only"),
+    "--tokenizer-mode": (1, "glowlm uses the Hugging Face fast tokenizer"),
+    "--disable-log-requests": (0, "glowlm does not log request contents"),
+    "--enable-log-requests": (0, "glowlm does not log request contents"),
+    "--async-scheduling": (0, "the engine thread already overlaps steps with the front-end"),
+}
+
+
+class _Ignored(argparse.Action):
+    """Accept a vLLM flag that means nothing here; ``run`` warns once per flag."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        seen = getattr(namespace, "ignored_flags", None) or []
+        if option_string and option_string not in seen:
+            seen.append(option_string)
+        namespace.ignored_flags = seen
+
+
+def _json_list(text: str) -> list[str]:
+    """vLLM passes CORS lists as JSON (``'["http://a"]'``); a bare value is a one-item list."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return [text]
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a JSON list of strings")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,6 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "GLOWLM_PLATFORM.")
     p.add_argument("model", nargs="?", default=None,
                    help="model directory (default: the embedded default model)")
+    p.add_argument("--model", dest="model_option", metavar="MODEL",
+                   help="the model directory, as vLLM's --model (instead of the positional)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "127.0.0.1; use 0.0.0.0 to accept remote clients)")
     p.add_argument("--port", type=int, default=8000)
@@ -43,16 +97,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "GLOWLM_API_KEY, else no key)")
     p.add_argument("--chat-template", metavar="FILE",
                    help="Jinja chat template file (default: the tokenizer's)")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                   help="sampling defaults for fields a request leaves out: 'auto' (the "
+                        "model's generation_config.json), 'vllm' (none: OpenAI's defaults), "
+                        "or a directory holding a generation_config.json (default auto)")
+    p.add_argument("--max-logprobs", type=int, default=20, metavar="N",
+                   help="most logprobs / top_logprobs / prompt_logprobs a request may ask "
+                        "for; -1: the vocabulary size (default 20)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="let the model decide to call tools (tool_choice 'auto'); needs "
+                        "--tool-call-parser")
+    p.add_argument("--tool-call-parser", metavar="NAME",
+                   help="how tool calls are read from the model's text: hermes, llama3_json, "
+                        "mistral, qwen3_xml, qwen3_coder ...")
     p.add_argument("--max-queue", type=int, metavar="N",
                    help="at most N requests wait for a slot; more get 503 with Retry-After "
                         "(default: unlimited)")
-    p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0, metavar="S",
+    p.add_argument("--graceful-shutdown-timeout", "--shutdown-timeout", type=float,
+                   default=30.0, metavar="S", dest="graceful_shutdown_timeout",
                    help="on Ctrl-C/SIGTERM, let open requests finish for up to S seconds, "
                         "then abort them (default 30)")
-    p.add_argument("--disable-access-log", action="store_true",
+    p.add_argument("--disable-access-log", "--disable-uvicorn-access-log",
+                   action="store_true", dest="disable_access_log",
                    help="do not log one line per HTTP request")
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic 'Avg prompt throughput' log line")
+    http = p.add_argument_group("HTTP (uvicorn)")
+    http.add_argument("--uvicorn-log-level", default="info",
+                      choices=("critical", "error", "warning", "info", "debug", "trace"),
+                      help="uvicorn's log level (default info)")
+    http.add_argument("--root-path", default="",
+                      help="path prefix under which a proxy serves the API (ASGI root_path)")
+    http.add_argument("--ssl-keyfile", metavar="FILE", help="TLS private key (PEM)")
+    http.add_argument("--ssl-certfile", metavar="FILE", help="TLS certificate (PEM)")
+    http.add_argument("--ssl-ca-certs", metavar="FILE",
+                      help="CA certificates for verifying client certificates")
+    http.add_argument("--ssl-cert-reqs", type=int, default=0,
+                      help="whether client certificates are required (ssl module constant)")
+    http.add_argument("--allowed-origins", type=_json_list, default=["*"],
+                      help="CORS origins, JSON list (default [\"*\"])")
+    http.add_argument("--allowed-methods", type=_json_list, default=["*"],
+                      help="CORS methods, JSON list (default [\"*\"])")
+    http.add_argument("--allowed-headers", type=_json_list, default=["*"],
+                      help="CORS headers, JSON list (default [\"*\"])")
+    http.add_argument("--allow-credentials", action="store_true",
+                      help="CORS: allow credentials")
     add_http_limit_args(p)
     add_engine_args(p, online=True)
+    ignored = p.add_argument_group("vLLM flags accepted and ignored on CPU (one warning each)")
+    for flag, (nargs, why) in IGNORED_FLAGS.items():
+        kwargs: dict[str, Any] = {"nargs": nargs} if nargs != 1 else {}
+        ignored.add_argument(flag, action=_Ignored, dest="ignored_flags", default=[],
+                             help=f"ignored: {why}", **kwargs)
     p.set_defaults(func=run)
 
 
@@ -130,22 +226,75 @@ def read_chat_template(path: str | None) -> str | None:
         raise ConfigError(f"--chat-template {path}: cannot read it ({exc.strerror})") from None
 
 
+#: generation_config.json keys vLLM applies as request defaults, and their request names.
+GENERATION_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                   "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                   "max_new_tokens": "max_tokens"}
+
+
+def generation_defaults(setting: str, model_dir: str) -> dict[str, Any]:
+    """Request defaults from ``--generation-config``, as vLLM applies them.
+
+    ``auto`` reads the model's generation_config.json, ``vllm`` uses none, any
+    other value is a directory with a generation_config.json. Only sampling keys
+    are taken; a request's own fields always win.
+    """
+    if setting == "vllm":
+        return {}
+    where = Path(model_dir if setting == "auto" else setting).expanduser()
+    file = where / "generation_config.json"
+    if not file.exists():
+        if setting != "auto":
+            raise ConfigError(f"--generation-config {setting}: {file} does not exist")
+        return {}
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--generation-config: cannot read {file}: {exc}") from None
+    out = {GENERATION_KEYS[k]: v for k, v in raw.items() if k in GENERATION_KEYS}
+    if out:
+        logger.info("default sampling parameters from %s (requests override them): %s",
+                    file, json.dumps(out))
+    return out
+
+
+def resolve_model(args: argparse.Namespace) -> str | None:
+    if args.model_option and args.model and args.model_option != args.model:
+        raise ConfigError(f"two models given: {args.model} and --model {args.model_option}")
+    return args.model or args.model_option
+
+
 def run(args: argparse.Namespace) -> int:
     if args.max_queue is not None and args.max_queue < 0:
         raise ConfigError("--max-queue must be >= 0")
+    for flag in getattr(args, "ignored_flags", None) or []:
+        logger.warning("%s is ignored: %s", flag, IGNORED_FLAGS[flag][1])
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        raise ConfigError("TLS needs both --ssl-keyfile and --ssl-certfile")
+    for flag in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+        path = getattr(args, flag)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"--{flag.replace('_', '-')} {path}: no such file")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    if args.tool_call_parser:
+        from glowlm.entrypoints.openai.tool_parsers import get_tool_parser
+
+        get_tool_parser(args.tool_call_parser)  # unknown name: fail before the model loads
     chat_template = read_chat_template(args.chat_template)
     api_keys, http_limits = http_settings(args)
-    model, name = args.model, args.model
+    model = name = resolve_model(args)
     if model is None:
         from glowlm import default_model
 
         model, name = default_model.default_model_path(), str(default_model.describe()["name"])
         logger.info("no MODEL given: serving the embedded default model %s (%s)", name, model)
+    defaults = generation_defaults(args.generation_config, str(model))
     from glowlm.config import EngineConfig
     from glowlm.entrypoints.openai.server import ServerOptions, bind_socket, serve
 
     config = EngineConfig.create(
-        model, online=True, **engine_kwargs(args),
+        str(model), online=True, **engine_kwargs(args),
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
     sock = bind_socket(args.host, args.port)
     from glowlm.engine.llm_engine import LLMEngine
@@ -160,10 +309,19 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         logger.warning("interrupted while loading the model; exiting")
         os._exit(130)  # the engine thread cannot be interrupted; do not wait for it
-    names = args.served_model_name or [name]
-    options = ServerOptions(served_model_names=names, api_keys=api_keys, limits=http_limits,
-                            chat_template=chat_template, max_queue=args.max_queue)
+    names = args.served_model_name or [str(name)]
+    options = ServerOptions(
+        served_model_names=names, chat_template=chat_template,
+        api_keys=api_keys, limits=http_limits,
+        max_queue=args.max_queue, generation_defaults=defaults,
+        max_logprobs=args.max_logprobs, enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser, allowed_origins=args.allowed_origins,
+        allowed_methods=args.allowed_methods, allowed_headers=args.allowed_headers,
+        allow_credentials=args.allow_credentials, log_stats=not args.disable_log_stats)
+    uvicorn_options = {"log_level": args.uvicorn_log_level, "root_path": args.root_path,
+                       "ssl_keyfile": args.ssl_keyfile, "ssl_certfile": args.ssl_certfile,
+                       "ssl_ca_certs": args.ssl_ca_certs, "ssl_cert_reqs": args.ssl_cert_reqs}
     serve(engine, options, sock, executor=executor,
           graceful_shutdown_timeout=args.graceful_shutdown_timeout,
-          access_log=not args.disable_access_log)
+          access_log=not args.disable_access_log, uvicorn_options=uvicorn_options)
     return 0

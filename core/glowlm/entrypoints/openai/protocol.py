@@ -1,10 +1,11 @@
 """OpenAI-compatible request and response models.
 
-Requests are parsed strictly: ``"0.5"`` is not a number, ``1.0`` is not an
-integer, and unknown fields are refused. A typo such as ``max_token`` is then a
-400 naming the field instead of a setting silently ignored. Fields OpenAI
-defines but glowlm cannot honour (``logit_bias``, ``suffix``, ``tools``...) are
-accepted only at their neutral value. Numeric ranges are checked once, by
+Requests are parsed the way vLLM parses them: pydantic's lax mode (``"0.5"`` is
+accepted for a float, ``16.0`` for an integer; ``2.5`` is still not an
+integer), and fields glowlm does not know are ignored with one warning line in
+the log naming them, so a client written for another server keeps working.
+What cannot be served (a malformed value, an invalid schema, ``suffix``...) is
+a 400 naming the field. Numeric ranges are checked once, by
 :class:`~glowlm.sampling.params.SamplingParams`, not repeated here.
 
 Responses that are sent whole are models too; stream chunks are plain dicts
@@ -14,10 +15,24 @@ shape (which keys are present) matters to clients.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from glowlm.errors import RequestError
+from glowlm.logger import init_logger
+from glowlm.sampling.params import SamplingParams, StructuredOutputsParams
+
+logger = init_logger(__name__)
 
 #: JSON ints beyond this would overflow the int64 tensors the sampler builds.
 _INT_LIMIT = 2**62
@@ -72,11 +87,29 @@ def validation_to_api_error(exc: ValidationError) -> APIError:
     return APIError(f"{where}: {msg}", param=str(err["loc"][0]), code="invalid_value")
 
 
+def _ignored_fields(obj: BaseModel, where: str = "") -> list[str]:
+    """Names of fields given but unknown (pydantic's ``model_extra``), nested ones dotted."""
+    out: list[str] = []
+    if isinstance(obj, OpenAIModel):
+        out += [f"{where}{k}" for k in (obj.model_extra or {})]
+    for name in type(obj).model_fields:
+        value = getattr(obj, name, None)
+        if isinstance(value, OpenAIModel):
+            out += _ignored_fields(value, f"{where}{name}.")
+    return out
+
+
 def parse_request(model: type[BaseModel], body: bytes) -> Any:
+    """Validate a body; unknown fields are dropped with one warning line (as vLLM does)."""
     try:
-        return model.model_validate_json(body)
+        req = model.model_validate_json(body)
     except ValidationError as exc:
         raise validation_to_api_error(exc) from None
+    ignored = _ignored_fields(req)
+    if ignored:
+        logger.warning("The following fields were present in the request but ignored: %s",
+                       ", ".join(sorted(ignored)))
+    return req
 
 
 _FIELD = re.compile(r"^([a-z_]+)")
@@ -92,11 +125,48 @@ def param_of(message: str, known: set[str]) -> str | None:
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    """Lax parsing; unknown keys are kept aside (``model_extra``) to be logged, not used."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class JsonSchemaFormat(OpenAIModel):
+    name: str = "schema"
+    description: str | None = None
+    #: OpenAI's key is ``schema``; pydantic reserves the attribute name.
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None
+                                           or self.json_schema.json_schema is None):
+            raise ValueError("type 'json_schema' needs json_schema.schema")
+        return self
+
+
+class StructuredOutputs(OpenAIModel):
+    """vLLM's ``structured_outputs`` request field (one of these)."""
+
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
 
 
 class SamplingRequest(OpenAIModel):
@@ -113,7 +183,9 @@ class SamplingRequest(OpenAIModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    #: Token id (as a JSON string key) -> bias added to its logit, clamped to [-100, 100].
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
     # vLLM's extra sampling fields:
     top_k: int | None = Field(None, ge=-_INT_LIMIT, le=_INT_LIMIT)
     min_p: float | None = None
@@ -123,15 +195,28 @@ class SamplingRequest(OpenAIModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = Field(None, le=_INT_LIMIT)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=_INT_LIMIT)
+    structured_outputs: StructuredOutputs | None = None
+    # vLLM's older names for structured_outputs:
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported by glowlm; leave it empty")
+    def _bias_keys_are_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            try:
+                int(key)
+            except ValueError:
+                raise ValueError(f"keys must be token ids, got {key!r}") from None
         return v
 
-    @field_validator("stop_token_ids")
+    @field_validator("stop_token_ids", "allowed_token_ids")
     @classmethod
     def _token_ids_in_range(cls, v: list[int] | None) -> list[int] | None:
         if v and any(not 0 <= t < _INT_LIMIT for t in v):
@@ -142,6 +227,72 @@ class SamplingRequest(OpenAIModel):
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed when stream is true",
                            param="stream_options")
+
+    def structured_spec(self) -> tuple[StructuredOutputsParams | None, str]:
+        """The output constraint the request asks for, and the field that asked."""
+        wanted: list[tuple[str, dict[str, Any]]] = []
+        so = self.structured_outputs
+        if so is not None:
+            wanted.append(("structured_outputs", {
+                "json": so.json_schema, "regex": so.regex, "choice": so.choice,
+                "grammar": so.grammar, "json_object": so.json_object}))
+        legacy = {"json": self.guided_json, "regex": self.guided_regex,
+                  "choice": self.guided_choice, "grammar": self.guided_grammar}
+        if any(v is not None for v in legacy.values()):
+            wanted.append(("guided_json", legacy))
+        rf = self.response_format
+        if rf is not None and rf.type != "text":
+            if rf.type == "json_object":
+                wanted.append(("response_format", {"json_object": True}))
+            else:
+                assert rf.json_schema is not None
+                wanted.append(("response_format", {"json": rf.json_schema.json_schema}))
+        if not wanted:
+            return None, ""
+        if len(wanted) > 1:
+            raise APIError(f"give one output constraint, not {wanted[0][0]} and "
+                           f"{wanted[1][0]}", param=wanted[1][0])
+        field, spec = wanted[0]
+        try:
+            return StructuredOutputsParams(**spec), field
+        except RequestError as exc:
+            raise APIError(str(exc), param=field) from None
+
+    def to_sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
+                           prompt_logprobs: int | None,
+                           defaults: dict[str, Any] | None = None) -> SamplingParams:
+        """SamplingParams for this request; fields it leaves out take ``defaults``
+        (``--generation-config``), then OpenAI's defaults, as vLLM applies them."""
+        d = defaults or {}
+
+        def pick(name: str, fallback: Any) -> Any:
+            value = getattr(self, name)
+            if value is not None:
+                return value
+            return d.get(name, fallback)
+
+        spec, field = self.structured_spec()
+        if spec is not None:
+            from glowlm.sampling.structured import grammar_of
+
+            try:
+                spec.compiled = grammar_of(spec)
+            except RequestError as exc:
+                raise APIError(str(exc), param=field, code="invalid_value") from None
+        return SamplingParams(
+            n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", 0), min_p=pick("min_p", 0.0), seed=self.seed,
+            max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
+            stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=pick("repetition_penalty", 1.0),
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias
+            else None,
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
+            truncate_prompt_tokens=self.truncate_prompt_tokens, structured_outputs=spec)
 
 
 class CompletionRequest(SamplingRequest):
@@ -162,7 +313,7 @@ class CompletionRequest(SamplingRequest):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="allow")
     type: Literal["text"]
     text: str
 
@@ -170,7 +321,7 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     """One message; extra keys (name, tool_call_id...) go to the chat template as given."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
 
@@ -185,11 +336,47 @@ class ChatMessage(BaseModel):
         return v
 
     def template_dict(self) -> dict[str, Any]:
-        """The message as chat templates expect it: content as one string."""
+        """The message as chat templates expect it: content as one string, and tool-call
+        arguments as objects (OpenAI sends them as JSON text; templates index into them,
+        as vLLM prepares them)."""
         out = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
             out["content"] = "".join(p.text for p in self.content)
+        calls = out.get("tool_calls")
+        if isinstance(calls, list):
+            fixed = []
+            for call in calls:
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    try:
+                        call = {**call, "function": {**fn,
+                                                     "arguments": json.loads(fn["arguments"])}}
+                    except json.JSONDecodeError:
+                        pass
+                fixed.append(call)
+            out["tool_calls"] = fixed
         return out
+
+
+class FunctionDefinition(OpenAIModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -198,34 +385,31 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, le=_INT_LIMIT)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, le=_INT_LIMIT)
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
     # vLLM's extras:
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "text":
-            raise ValueError("only {'type': 'text'} is supported")
-        return v
+    @model_validator(mode="after")
+    def _tool_choice_default(self) -> ChatCompletionRequest:
+        if self.tool_choice is None:  # OpenAI's default: auto with tools, else none
+            self.tool_choice = "auto" if self.tools else "none"
+        return self
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if v:
-            raise ValueError("tool calling is not supported by glowlm")
-        return v
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        if v not in (None, "none", "auto"):
-            raise ValueError("tool calling is not supported by glowlm")
-        return v
+    def check_tools(self) -> None:
+        """``required`` and named choices need tools, and the named one must exist."""
+        choice = self.tool_choice
+        if choice in ("required",) or isinstance(choice, NamedToolChoice):
+            if not self.tools:
+                raise APIError("tool_choice needs tools", param="tool_choice")
+        if isinstance(choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools or []]
+            if choice.function.name not in names:
+                raise APIError(f"tool_choice names {choice.function.name!r}, which is not "
+                               f"among the tools ({', '.join(names)})", param="tool_choice")
 
 
 class TokenizeRequest(OpenAIModel):
@@ -266,6 +450,8 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    #: vLLM's: per prompt token, {token id: {logprob, rank, decoded_token}}; first None.
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -291,9 +477,21 @@ class ChatChoiceLogProbs(BaseModel):
     content: list[ChatLogProbsContent] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionChoice(BaseModel):
@@ -311,3 +509,26 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+
+
+def prompt_logprobs_json(entries: list[Any] | None, texts: dict[int, str]
+                         ) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt position ``{token id: {logprob, rank,
+    decoded_token}}`` (the first position ``None``); ``texts`` decodes token ids."""
+    if entries is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for entry in entries:
+        if entry is None:
+            out.append(None)
+            continue
+        out.append({str(tid): {"logprob": max(lp.logprob, -9999.0), "rank": lp.rank,
+                               "decoded_token": texts.get(tid, "")}
+                    for tid, lp in entry.items()})
+    return out
+
+
+def prompt_logprob_ids(entries: list[Any] | None) -> list[int]:
+    """Every token id the prompt logprobs mention (to decode them in one call)."""
+    return sorted({tid for e in entries or [] if e for tid in e})

@@ -30,6 +30,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -70,6 +71,16 @@ class ServerOptions:
     limits: HTTPLimits = field(default_factory=HTTPLimits)
     chat_template: str | None = None
     max_queue: int | None = None
+    # Request defaults (--generation-config), logprob limit, tool calling, CORS, stats log:
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    max_logprobs: int = 20
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+    log_stats: bool = True
 
 
 def _api_error_response(exc: APIError) -> JSONResponse:
@@ -86,8 +97,8 @@ def build_app(engine: LLMEngine, options: ServerOptions,
     names = options.served_model_names
     metrics = ServerMetrics(names[0])
     driver = AsyncEngine(engine, metrics, options.max_queue, executor)
-    completions = OpenAIServingCompletion(driver, names)
-    chat = OpenAIServingChat(driver, names, options.chat_template)
+    completions = OpenAIServingCompletion(driver, names, options)
+    chat = OpenAIServingChat(driver, names, options.chat_template, options)
     created = int(time.time())
 
     @asynccontextmanager
@@ -109,6 +120,11 @@ def build_app(engine: LLMEngine, options: ServerOptions,
     if options.api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=options.api_keys)
     install_openapi(app, secured=bool(options.api_keys))
+    # Outermost, as in vLLM: a browser's preflight (OPTIONS) is answered before auth.
+    app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins,
+                       allow_credentials=options.allow_credentials,
+                       allow_methods=options.allowed_methods,
+                       allow_headers=options.allowed_headers)
 
     @app.exception_handler(APIError)
     async def on_api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -262,19 +278,27 @@ class GracefulServer(uvicorn.Server):
 
 def serve(engine: LLMEngine, options: ServerOptions, sock: socket.socket, *,
           executor: ThreadPoolExecutor | None = None, graceful_shutdown_timeout: float = 30.0,
-          access_log: bool = True) -> None:
-    """Run uvicorn on an already bound socket until Ctrl-C / SIGTERM."""
+          access_log: bool = True, uvicorn_options: dict[str, Any] | None = None) -> None:
+    """Run uvicorn on an already bound socket until Ctrl-C / SIGTERM.
+
+    ``uvicorn_options``: ``log_level``, ``root_path`` and the ``ssl_*`` settings
+    (TLS is uvicorn's own), as ``glowlm serve`` passes them.
+    """
     app = build_app(engine, options, executor)
     host, port = sock.getsockname()[:2]
     limits = options.limits
     if limits.limit_concurrency:
         raise_open_file_limit(limits.limit_concurrency + 256)
+    extra = {k: v for k, v in (uvicorn_options or {}).items() if v is not None}
+    extra.setdefault("log_level", "info")
     # uvicorn's own timeout is only a backstop: GracefulServer ends requests first.
-    config = uvicorn.Config(app, log_level="info", access_log=access_log,
+    config = uvicorn.Config(app, access_log=access_log,
                             timeout_graceful_shutdown=graceful_shutdown_timeout + 10,
                             timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
                             limit_concurrency=limits.limit_concurrency,
-                            http=guarded_protocol(limits.header_timeout))
-    logger.info("serving %s on http://%s:%d (OpenAI API under /v1)",
-                json.dumps(options.served_model_names), host, port)
+                            http=guarded_protocol(limits.header_timeout), **extra)
+    scheme = "https" if extra.get("ssl_certfile") else "http"
+    logger.info("serving %s on %s://%s:%d%s (OpenAI API under /v1)",
+                json.dumps(options.served_model_names), scheme, host, port,
+                extra.get("root_path", ""))
     GracefulServer(config, app.state.driver, graceful_shutdown_timeout).run(sockets=[sock])

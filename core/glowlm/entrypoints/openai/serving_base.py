@@ -135,10 +135,17 @@ class GroupStreamingResponse(StreamingResponse):
 class OpenAIServing:
     """State and checks shared by the completion and chat endpoints."""
 
-    def __init__(self, driver: AsyncEngine, model_names: list[str]) -> None:
+    def __init__(self, driver: AsyncEngine, model_names: list[str],
+                 options: Any = None) -> None:
+        """``options``: the server's ServerOptions (generation defaults, logprob limit,
+        tool calling); None in tests that build a bare serving object."""
         self.driver = driver
         engine = driver.engine
         self.model_names = model_names
+        self.generation_defaults: dict[str, Any] = dict(
+            getattr(options, "generation_defaults", None) or {})
+        limit = getattr(options, "max_logprobs", 20)
+        self.max_logprobs = engine.vocab_size if limit == -1 else limit
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
         self.max_num_seqs = engine.config.max_num_seqs
@@ -197,21 +204,18 @@ class OpenAIServing:
         if req.n > self.max_num_seqs:
             raise APIError(f"n={req.n} exceeds this server's --max-num-seqs "
                            f"({self.max_num_seqs})", param="n")
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and value > self.max_logprobs:
+                field_name = "top_logprobs" if name == "logprobs" and hasattr(
+                    req, "top_logprobs") else name
+                raise APIError(f"{field_name}={value} exceeds this server's --max-logprobs "
+                               f"({self.max_logprobs})", param=field_name)
         try:
-            return SamplingParams(
-                n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=0 if req.top_k is None else req.top_k,
-                min_p=0.0 if req.min_p is None else req.min_p, seed=req.seed,
-                max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop,
-                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
-                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty,
-                repetition_penalty=(1.0 if req.repetition_penalty is None
-                                    else req.repetition_penalty),
-                skip_special_tokens=req.skip_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output)
+            params = req.to_sampling_params(
+                max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                defaults=self.generation_defaults)
+            params.check_vocab(self.vocab_size)
+            return params
         except RequestError as exc:
             msg = str(exc)
             param = param_of(msg, set(type(req).model_fields) | {"max_tokens"})

@@ -28,6 +28,8 @@ from glowlm.entrypoints.openai.protocol import (
     ChatResponseMessage,
     UsageInfo,
     parse_request,
+    prompt_logprob_ids,
+    prompt_logprobs_json,
 )
 from glowlm.entrypoints.openai.serving_base import (
     GroupStreamingResponse,
@@ -38,6 +40,10 @@ from glowlm.entrypoints.openai.serving_base import (
     sse,
     with_stream_tail,
 )
+from glowlm.entrypoints.openai.tool_calling import ToolMode, tool_mode
+from glowlm.entrypoints.openai.tool_parsers import get_tool_parser
+from glowlm.sampling.processors import truncate_prompt
+from glowlm.sampling.structured import grammar_of
 
 #: Arguments of apply_chat_template that chat_template_kwargs may not override.
 _RESERVED = frozenset({"conversation", "chat_template", "tokenize", "add_generation_prompt",
@@ -46,12 +52,16 @@ _RESERVED = frozenset({"conversation", "chat_template", "tokenize", "add_generat
 
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, driver: AsyncEngine, model_names: list[str],
-                 chat_template: str | None) -> None:
-        super().__init__(driver, model_names)
+                 chat_template: str | None, options: Any = None) -> None:
+        super().__init__(driver, model_names, options)
         self.chat_template = chat_template
+        name = getattr(options, "tool_call_parser", None)
+        self.tool_parser = get_tool_parser(name) if name else None
+        self.auto_tools = bool(getattr(options, "enable_auto_tool_choice", False))
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-               kwargs: dict[str, Any] | None = None) -> list[int]:
+               kwargs: dict[str, Any] | None = None,
+               tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Tokenizer thread only: the conversation's prompt token ids."""
         tok = self.driver.tokenizer
         if self.chat_template is None and not getattr(tok, "chat_template", None):
@@ -65,7 +75,7 @@ class OpenAIServingChat(OpenAIServing):
         try:
             text = tok.apply_chat_template(messages, chat_template=self.chat_template,
                                            add_generation_prompt=add_generation_prompt,
-                                           tokenize=False, **(kwargs or {}))
+                                           tokenize=False, tools=tools, **(kwargs or {}))
         except Exception as exc:  # noqa: BLE001 - jinja raises many types, all user-caused
             raise APIError(f"cannot apply the chat template to messages: {exc}",
                            param="messages") from None
@@ -82,15 +92,32 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
             else req.max_tokens
         top = req.top_logprobs or 0
+        mode = tool_mode(req, self.tool_parser, self.auto_tools)
+        default_max = max_tokens is None and "max_tokens" in self.generation_defaults
+        if default_max:
+            max_tokens = int(self.generation_defaults["max_tokens"])
         params = self.sampling_params(req, max_tokens=max_tokens,
                                       logprobs=top if req.logprobs else None,
+                                      prompt_logprobs=req.prompt_logprobs,
                                       max_tokens_field=field)
+        forced = mode.constraint(req)
+        if forced is not None:
+            if params.structured_outputs is not None:
+                raise APIError(f"tool_choice {req.tool_choice!r} is enforced with structured "
+                               "outputs; do not also give response_format or "
+                               "structured_outputs", param="tool_choice")
+            params.structured_outputs = forced
+            forced.compiled = grammar_of(forced)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         self.check_queue(1)
         messages = [m.template_dict() for m in req.messages]
         self.check_prompt_chars(sum(len(str(m.get("content") or "")) for m in messages),
                                 "messages")
         ids = await self.driver.run_tokenizer(self.render, messages, req.add_generation_prompt,
-                                    req.chat_template_kwargs)
+                                              req.chat_template_kwargs, tools)
+        ids = truncate_prompt(ids, params, self.max_model_len)
+        if default_max and params.max_tokens is not None:  # a default only fills the room
+            params.max_tokens = max(1, min(params.max_tokens, self.max_model_len - len(ids)))
         self.check_prompt(ids, params, "messages", field)
         request_id = random_id("chatcmpl")
         group = self.driver.group()
@@ -99,23 +126,32 @@ class OpenAIServingChat(OpenAIServing):
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return GroupStreamingResponse(
-                self._stream(head, req.n, group, top if req.logprobs else None, include_usage),
-                group)
+                self._stream(head, req.n, group, top if req.logprobs else None, include_usage,
+                             mode), group)
         finals = await self.collect(raw, group)
         if finals is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(self._response(head, finals[rid], top if req.logprobs else None)
-                            .model_dump())
+        response = self._response(head, finals[rid], top if req.logprobs else None, mode)
+        if req.prompt_logprobs is not None:
+            entries = finals[rid].prompt_logprobs
+            wanted = prompt_logprob_ids(entries)
+            texts = dict(zip(wanted, await self.driver.run_tokenizer(
+                self.driver.token_texts, wanted), strict=True))
+            response.prompt_logprobs = prompt_logprobs_json(entries, texts)
+        return JSONResponse(response.model_dump())
 
     def _response(self, head: dict[str, Any], out: RequestOutput,
-                  top: int | None) -> ChatCompletionResponse:
-        choices = [
-            ChatCompletionChoice(
-                index=o.index, message=ChatResponseMessage(content=o.text),
+                  top: int | None, mode: ToolMode | None = None) -> ChatCompletionResponse:
+        mode = mode or ToolMode("none")
+        choices = []
+        for o in out.outputs:
+            content, calls, reason = mode.message(o.text, o.finish_reason)
+            choices.append(ChatCompletionChoice(
+                index=o.index,
+                message=ChatResponseMessage(content=content, tool_calls=calls),
                 logprobs=ChatChoiceLogProbs(content=chat_logprobs(
                     o.token_ids, o.logprobs or [], top)) if top is not None else None,
-                finish_reason=o.finish_reason, stop_reason=o.stop_reason)
-            for o in out.outputs]
+                finish_reason=reason, stop_reason=o.stop_reason))
         completion = sum(len(o.token_ids) for o in out.outputs)
         usage = UsageInfo(prompt_tokens=len(out.prompt_token_ids),
                           completion_tokens=completion,
@@ -123,14 +159,17 @@ class OpenAIServingChat(OpenAIServing):
         return ChatCompletionResponse(**head, choices=choices, usage=usage)
 
     def _stream(self, head: dict[str, Any], n: int, group: RequestGroup,
-                top: int | None, include_usage: bool) -> AsyncIterator[str]:
+                top: int | None, include_usage: bool,
+                mode: ToolMode | None = None) -> AsyncIterator[str]:
         head = {**head, "object": "chat.completion.chunk"}
         usage = UsageInfo()
-        return with_stream_tail(self._chunks(head, n, group, top, usage), head, usage,
-                                include_usage)
+        return with_stream_tail(self._chunks(head, n, group, top, usage,
+                                             mode or ToolMode("none")),
+                                head, usage, include_usage)
 
     async def _chunks(self, head: dict[str, Any], n: int, group: RequestGroup,
-                      top: int | None, usage: UsageInfo) -> AsyncIterator[str]:
+                      top: int | None, usage: UsageInfo, mode: ToolMode) -> AsyncIterator[str]:
+        states = [mode.stream_state() for _ in range(n)]
         sent_chars = [0] * n
         sent_tokens = [0] * n
         done: set[int] = set()
@@ -154,9 +193,12 @@ class OpenAIServingChat(OpenAIServing):
                         o.token_ids[start:end], (o.logprobs or [])[start:end], top)]}
                 if o.finish_reason is not None:
                     done.add(i)
+                message = ({"content": delta} if mode.kind == "none"
+                           else states[i].delta(o.text, o.finish_reason is not None))
                 yield sse({**head, "choices": [{
-                    "index": i, "delta": {"content": delta}, "logprobs": lp,
-                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}]})
+                    "index": i, "delta": message, "logprobs": lp,
+                    "finish_reason": states[i].finish_reason(o.finish_reason),
+                    "stop_reason": o.stop_reason}]})
             if out.finished:
                 usage.prompt_tokens = len(out.prompt_token_ids)
                 usage.completion_tokens = sum(len(o.token_ids) for o in out.outputs)

@@ -25,6 +25,8 @@ from glowlm.entrypoints.openai.protocol import (
     CompletionResponse,
     UsageInfo,
     parse_request,
+    prompt_logprob_ids,
+    prompt_logprobs_json,
 )
 from glowlm.entrypoints.openai.serving_base import (
     GroupStreamingResponse,
@@ -35,6 +37,7 @@ from glowlm.entrypoints.openai.serving_base import (
     sse,
     with_stream_tail,
 )
+from glowlm.sampling.processors import truncate_prompt
 
 _PROMPT_SHAPES = ("prompt must be a string, a list of strings, a list of token ids, or a list "
                   "of lists of token ids")
@@ -83,16 +86,24 @@ class OpenAIServingCompletion(OpenAIServing):
             raise APIError("best_of must equal n: glowlm returns every completion it samples",
                            param="best_of")
         prompts = normalize_prompts(req.prompt)
-        prompt_logprobs = req.logprobs if req.echo else None
-        params = self.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
+        echo_logprobs = req.logprobs if req.echo else None
+        prompt_logprobs = max((k for k in (echo_logprobs, req.prompt_logprobs) if k is not None),
+                              default=None)
+        max_tokens = req.max_tokens
+        if max_tokens is None and "max_tokens" in self.generation_defaults:
+            max_tokens = int(self.generation_defaults["max_tokens"])
+        params = self.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
                                       prompt_logprobs=prompt_logprobs)
         self.check_queue(len(prompts))
+        prompts = [truncate_prompt(p, params, self.max_model_len) if isinstance(p, list) else p
+                   for p in prompts]
         for p in prompts:
             if isinstance(p, str):
                 self.check_prompt_chars(len(p), "prompt")
             elif len(p) >= self.max_model_len:
                 self.check_prompt(p, params, "prompt")
         prompt_ids = await self.driver.run_tokenizer(self._tokenize_all, prompts)
+        prompt_ids = [truncate_prompt(ids, params, self.max_model_len) for ids in prompt_ids]
         for ids in prompt_ids:
             self.check_prompt(ids, params, "prompt")
         batch = _Batch(random_id("cmpl"), model, now(), req.n, req.logprobs, [], prompt_ids)
@@ -110,7 +121,16 @@ class OpenAIServingCompletion(OpenAIServing):
         finals = await self.collect(raw, group)
         if finals is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(self._response(batch, finals).model_dump())
+        response = self._response(batch, finals)
+        if req.prompt_logprobs is not None:
+            entries = [finals[rid].prompt_logprobs for rid in batch.request_ids]
+            wanted = sorted({t for e in entries for t in prompt_logprob_ids(e)})
+            texts = dict(zip(wanted, await self.driver.run_tokenizer(
+                self.driver.token_texts, wanted), strict=True))
+            for choice in response.choices:
+                choice.prompt_logprobs = prompt_logprobs_json(entries[choice.index // req.n],
+                                                              texts)
+        return JSONResponse(response.model_dump())
 
     # -- tokenizer-thread helpers -------------------------------------------------------
 
