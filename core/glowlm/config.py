@@ -23,6 +23,8 @@ ONLINE_MAX_SEQS = 128
 class EngineConfig:
     model: str
     tokenizer: str | None = None
+    revision: str | None = None     # of an ORG/NAME id in the Hugging Face cache
+    gguf_file: str | None = None    # which GGUF file, when the model directory holds several
     dtype: str = "auto"
     max_model_len: int | None = None
     block_size: int = 128

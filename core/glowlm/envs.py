@@ -31,6 +31,8 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_PRELOAD_APPLIED": ("", "internal: the LD_PRELOAD glowlm set when it re-executed "
                                    "itself (loop guard); do not set"),
     "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
+    "GLOWLM_GGUF_CACHE": ("~/.cache/glowlm/gguf", "where a GGUF file's metadata is converted "
+                                                 "to config and tokenizer files (once per file)"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
     "GLOWLM_KERNEL_ISA": ("", "pin a plugin's kernel ISA (x86: avx512, avx2, or portable, "
@@ -69,6 +71,7 @@ class Env:
     no_huge_pages: bool
     preload_applied: str
     kernel_cache: str
+    gguf_cache: str
     disable_kernels: bool
     kernel_isa: str | None  # None: the plugin picks the best its CPU runs
     no_fused_layers: bool
@@ -129,6 +132,7 @@ def parse(environ: Mapping[str, str]) -> Env:
         no_huge_pages=_bool("GLOWLM_NO_HUGE_PAGES", raw("GLOWLM_NO_HUGE_PAGES")),
         preload_applied=raw("GLOWLM_PRELOAD_APPLIED").strip(),
         kernel_cache=os.path.expanduser(raw("GLOWLM_KERNEL_CACHE")),
+        gguf_cache=os.path.expanduser(raw("GLOWLM_GGUF_CACHE")),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
         kernel_isa=raw("GLOWLM_KERNEL_ISA").strip().lower() or None,
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),

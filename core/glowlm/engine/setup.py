@@ -89,7 +89,7 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
         logger.warning(note)
     logger.info("platform %s (%s): %s", platform.name, platform.capabilities.isa,
                 selection.reason)
-    info = read_model_dir(config.model)
+    info = read_model_dir(config.model, config.revision, config.gguf_file)
     dtype = platform.resolve_dtype(info.dtype, config.dtype)
     config = platform.update_config(config)
     quant = quantization.resolve(info.quantization_config, platform)

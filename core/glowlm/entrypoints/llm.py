@@ -31,7 +31,10 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], chat_template: s
 
 
 class LLM:
-    """An engine for offline batches. ``model=None`` uses the embedded default model.
+    """An engine for offline batches. ``model=None`` uses the default model (SmolLM2-135M-Instruct).
+
+    ``model`` is a Hugging Face directory, a ``.gguf`` file, or an ``ORG/NAME`` id in the
+    local Hugging Face cache (``revision=``; ``gguf_file=`` picks one of several GGUF files).
 
     Keyword arguments are engine settings (``dtype``, ``max_model_len``,
     ``block_size``, ``max_num_batched_tokens``, ``max_num_seqs``,

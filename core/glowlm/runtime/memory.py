@@ -97,6 +97,11 @@ def weight_bytes(info: Any, dtype: torch.dtype) -> tuple[int, int, str]:
     tensors keep their size. Pickle checkpoints are scaled from their file size.
     """
     elem = torch.empty((), dtype=dtype).element_size()
+    if getattr(info, "gguf_file", None) is not None:
+        from glowlm.model_loader import gguf
+
+        total, largest = gguf.weight_bytes(info.gguf_file, elem)
+        return total, largest, "GGUF header, dequantized"
     path = Path(info.path)
     files = sorted(path.glob("*.safetensors"))
     if files:

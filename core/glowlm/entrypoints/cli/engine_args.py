@@ -58,6 +58,12 @@ def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
                         "float16 (half), float32 (float); bfloat16 is recommended on CPUs")
     g.add_argument("--tokenizer", metavar="DIR",
                    help="tokenizer directory (default: the model's)")
+    g.add_argument("--revision", metavar="REV",
+                   help="branch, tag or commit of an ORG/NAME model in the Hugging Face cache "
+                        "(default: main)")
+    g.add_argument("--gguf-file", metavar="NAME",
+                   help="which .gguf file to load when the model directory (or cached "
+                        "ORG/NAME) holds several")
     g.add_argument("--trust-remote-code", action="store_true", default=False,
                    help="accepted for vLLM compatibility; glowlm never runs code from a "
                         "model directory (a warning says so)")
@@ -89,7 +95,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "trust_remote_code", False):
         logger.warning("--trust-remote-code: accepted, but glowlm runs no code from model "
                        "directories; only built-in architectures load")
-    keys = ("tokenizer", "dtype", "platform", "max_model_len",
+    keys = ("tokenizer", "revision", "gguf_file", "dtype", "platform", "max_model_len",
             "block_size", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
             "allow_pickle", "seed")
     keys = (*keys, "tensor_parallel_size", "pipeline_parallel_size")

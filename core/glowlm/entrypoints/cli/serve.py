@@ -76,14 +76,16 @@ def _json_list(text: str) -> list[str]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
-        description="Serve MODEL (a Hugging Face model directory; default: the embedded "
-                    "model) with the OpenAI API: /v1/completions, /v1/chat/completions, "
+        description="Serve MODEL (a Hugging Face model directory, a .gguf file or an "
+                    "ORG/NAME id in the Hugging Face cache; default: SmolLM2-135M-Instruct) "
+                    "with the OpenAI API: /v1/completions, /v1/chat/completions, "
                     "/v1/models, plus /health, /metrics, /tokenize, /detokenize, /version. "
                     "Environment: GLOWLM_CPU_KVCACHE_SPACE (KV cache GiB), "
                     "GLOWLM_CPU_OMP_THREADS_BIND, GLOWLM_CPU_NUM_OF_RESERVED_CPU, "
                     "GLOWLM_PLATFORM.")
     p.add_argument("model", nargs="?", default=None,
-                   help="model directory (default: the embedded default model)")
+                   help="model directory, .gguf file or ORG/NAME (default: "
+                        "SmolLM2-135M-Instruct)")
     p.add_argument("--model", dest="model_option", metavar="MODEL",
                    help="the model directory, as vLLM's --model (instead of the positional)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
@@ -288,8 +290,13 @@ def run(args: argparse.Namespace) -> int:
         from glowlm import default_model
 
         model, name = default_model.default_model_path(), str(default_model.describe()["name"])
-        logger.info("no MODEL given: serving the embedded default model %s (%s)", name, model)
-    defaults = generation_defaults(args.generation_config, str(model))
+        logger.info("no MODEL given: serving the default model %s (%s)", name, model)
+    # The model's own directory (a GGUF file's converted metadata, a cached snapshot).
+    from glowlm.model_loader.resolve import resolve_model as find_model
+
+    model_dir = find_model(str(model), getattr(args, "revision", None),
+                           getattr(args, "gguf_file", None)).path
+    defaults = generation_defaults(args.generation_config, str(model_dir))
     from glowlm.config import EngineConfig
     from glowlm.entrypoints.openai.server import ServerOptions, bind_socket, serve
 
