@@ -229,6 +229,24 @@ def rank_placement(world_size: int = 1, serving: bool = False, rank: int = 0
     return topo, node, sum(1 for r in applied.ranks if r.node == node)
 
 
+def plan_ranks(info: Any, dtype: torch.dtype, config: Any, max_model_len: int, topo: Any,
+               bind: str = "auto", reserved: int | None = None,
+               meminfo: str | None = None) -> list[MemoryPlan]:
+    """Every rank's placement and memory plan on ``topo`` (a recorded machine in tests):
+    the binding each rank would get, then its plan against its node. Raises the first
+    rank's MemoryPlanError (naming rank and node) or the binding's ConfigError."""
+    from glowlm.runtime import binding
+
+    world = config.world_size
+    placement = binding.plan(topo, bind, reserved, num_ranks=world, serving=config.online)
+    plans = []
+    for r in placement.ranks:
+        sharing = sum(1 for o in placement.ranks if o.node == r.node)
+        plans.append(plan_memory(info, dtype, config, max_model_len, rank=r.rank, topo=topo,
+                                 node=r.node, meminfo=meminfo, sharing=sharing))
+    return plans
+
+
 def rank_weight_bytes(total: int, dims: ModelDims, dtype: torch.dtype, tp: int, pp: int,
                       tied: bool) -> int:
     """One rank's share: layers split over TP x PP; the token embedding and LM head are
