@@ -490,3 +490,25 @@ def test_auto_tool_choice_parses_hermes_calls(client: openai.OpenAI, stream: boo
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert len(calls) == 1 and calls[0].function.name == "get_weather"
     assert json.loads(calls[0].function.arguments or "") == {"city": "Berlin", "unit": "C"}
+
+
+# -- client commands -----------------------------------------------------------------------
+
+
+def test_glowlm_chat_and_complete_clients(server: Server) -> None:
+    cli = [sys.executable, "-m", "glowlm.entrypoints.cli.main"]
+    env = {**os.environ, "GLOWLM_NO_PRELOAD": "1"}
+    out = subprocess.run([*cli, "chat", "--url", f"{server.url}/v1", "--max-tokens", "3",
+                          "--system-prompt", "be brief", "-q", "hello"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    # Interactive: one answer per line of stdin, the conversation kept.
+    out = subprocess.run([*cli, "complete", "--url", f"{server.url}/v1", "--model-name", MODEL,
+                          "--max-tokens", "2"], input="def a\nclass B\n", env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("> ") == 3  # two prompts answered, then EOF at the third
+    gone = subprocess.run([*cli, "chat", "--url", "http://127.0.0.1:9/v1", "-q", "x"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 2 and "no server answers" in gone.stderr

@@ -15,7 +15,7 @@ import sys
 from glowlm import __version__
 from glowlm.errors import GlowlmError
 
-VERBS = ("platforms", "collect_env", "generate", "serve", "bench", "models")
+VERBS = ("platforms", "collect_env", "generate", "serve", "bench", "models", "chat")
 
 
 def build_parser() -> argparse.ArgumentParser:
