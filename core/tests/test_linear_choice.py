@@ -1,16 +1,16 @@
 """The measured per-shape linear choice (glowlm.layers.linear_choice).
 
-Real glowlm linear layers with real candidates: the slow one sleeps after a correct
-matmul (20 ms against microseconds, so which one loses is not a matter of timing
-noise), the broken one raises, the wrong one returns garbage. Nothing asserts a
-duration.
+Real glowlm linear layers with real candidates that compute the right result; the
+broken one raises, the wrong one returns garbage. How long a candidate takes is told
+to the mechanism through its clock (``linear_choice.time``, replaced by a clock the
+candidates advance: 20 ms for a slow call, 0.1 ms for a fast one), so which one
+loses never depends on what else the machine runs, and nothing asserts a duration.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +32,27 @@ def _dense(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torc
     return F.linear(x, layer.weight, bias)
 
 
+class Clock:
+    """``time.perf_counter`` as the candidates say it passes."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(lc, "time", c)
+    CLOCK[0] = c
+    return c
+
+
+CLOCK: list[Clock] = [Clock()]
+
+
 class Recorder:
     """Candidates that compute the right result and note which rows they saw."""
 
@@ -43,9 +64,9 @@ class Recorder:
         def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             rows = x.shape[0]
             self.calls.append((name, rows))
-            if (slow_above is not None and rows > slow_above) or (
-                    slow_upto is not None and rows <= slow_upto):
-                time.sleep(0.02)
+            slow = (slow_above is not None and rows > slow_above) or (
+                slow_upto is not None and rows <= slow_upto)
+            CLOCK[0].now += 0.02 if slow else 0.0001
             return _dense(layer, x, bias)
 
         return LinearCandidate(name, version, apply, **kw)  # type: ignore[arg-type]
@@ -273,3 +294,17 @@ def test_cached_choices_lists_this_cpu_only(env: dict[str, str]) -> None:
     assert len(mine) == 1 and mine[0]["choices"]
     other = HostInfo(**{**HOST.__dict__, "model_name": "Other CPU"})
     assert lc.cached_choices(cache, other) == []
+
+
+def test_a_busy_machine_stops_measuring_keeps_defaults_and_caches_nothing(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        glowlm_logs: pytest.LogCaptureFixture) -> None:
+    rec = Recorder()
+    monkeypatch.setattr(lc, "MAX_SECONDS", 0.0)
+    model = TwoLayers(Method([rec.candidate("slow", slow_upto=10**6), rec.candidate("fast")]))
+    plan = choose(model, env)
+    assert plan.winners() == {c: {"slow": 2} for c in ("decode", "batch", "prefill")}
+    assert "measuring stopped after" in glowlm_logs.text
+    assert not list(Path(env["GLOWLM_LINEAR_CHOICE_CACHE"]).glob("*.json"))
+    monkeypatch.setattr(lc, "MAX_SECONDS", 10.0)
+    assert choose(TwoLayers(model.layers[0].method.inner), env).mode == "measured"

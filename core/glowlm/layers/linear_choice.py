@@ -21,13 +21,14 @@ reference for the output check, and kept unless another is faster by more than
 A candidate that raises, or whose output differs from the incumbent's, is skipped
 with one warning. A shape with a single candidate is not measured.
 
-**Cost** is bounded: memory-bound classes time a pass over up to
-:data:`PASS_LAYERS` layers of the shape (so weights stream from memory as in the
-model, not from cache), the prefill class one layer; one warm-up, then at most
+**Cost** is bounded: decode times a pass over up to 8 layers of the shape (so weights
+stream from memory as in the model, not from cache), batch 2, prefill one
+(``TokenClass.pass_layers``); one warm-up, then at most
 :data:`REPEATS` timed passes (the best counts), fewer once a candidate's best of two
 is 50 % behind the best so far or :data:`MEASURE_SECONDS` are spent. The LM head runs
 on the sampled rows only (one per sequence), so it is measured for decode and batch;
-prefill takes batch's winner.
+prefill takes batch's winner. Past :data:`MAX_SECONDS` in all (a busy machine) the
+remaining shapes keep their default, uncached, with one warning.
 
 **Cache.** The result is kept in ``GLOWLM_LINEAR_CHOICE_CACHE`` (default
 ``~/.cache/glowlm/linear_choice``) in one JSON file per host key: CPU model, a hash
@@ -79,8 +80,9 @@ logger = init_logger(__name__)
 SCHEMA = 1
 #: The incumbent keeps a shape unless another candidate is this much faster (noise guard).
 MARGIN = 0.05
-#: Layers timed back to back for the memory-bound classes (weights stream, as in the model).
-PASS_LAYERS = 8
+#: All measuring of one start stops after this many seconds (a busy machine): the rest
+#: keeps the incumbent, is not cached, and is measured at the next start.
+MAX_SECONDS = 10.0
 #: Timed passes per candidate (after one warm-up), fewer when it is already losing.
 REPEATS = 5
 #: Past this many seconds of timed passes a candidate stops (after at least two).
@@ -92,19 +94,25 @@ MAX_REL_ERROR = 2e-2
 
 @dataclass(frozen=True)
 class TokenClass:
-    """A range of rows per linear call, timed at ``rows``; ``max_rows=None``: no bound."""
+    """A range of rows per linear call, timed at ``rows``; ``max_rows=None``: no bound.
+
+    ``pass_layers``: how many layers of a shape one timed pass runs back to back. Decode
+    is memory bound, so it streams several layers' weights (more than the caches
+    hold, as the model does); the compute-bound classes need few.
+    """
 
     name: str
     rows: int
     max_rows: int | None
+    pass_layers: int = 1
 
 
 #: Decode (one token per sequence, a few sequences), batched decode (~32 sequences),
 #: prefill chunks (hundreds of tokens). Bounds lie between the timed row counts.
 TOKEN_CLASSES: tuple[TokenClass, ...] = (
-    TokenClass("decode", 1, 8),
-    TokenClass("batch", 32, 96),
-    TokenClass("prefill", 256, None),
+    TokenClass("decode", 1, 8, pass_layers=8),
+    TokenClass("batch", 32, 96, pass_layers=2),
+    TokenClass("prefill", 256, None, pass_layers=1),
 )
 
 
@@ -577,27 +585,38 @@ def choose_for_model(model: nn.Module, dtype: torch.dtype, unquantized: LinearMe
             bar = tqdm(total=steps, desc="Choosing linear kernels", unit="run",
                        file=sys.stderr, leave=False)
         warned: set[str] = set()
+        unmeasured: dict[str, Any] = {}
         for k in todo:
             members = groups[k]
             site = members[0]
             entry: dict[str, Any] = {}
             for cls in site.classes:
-                layers = [m.module for m in members[:PASS_LAYERS if cls.rows <= 32 else 1]]
+                if time.perf_counter() - start >= MAX_SECONDS:
+                    entry[cls.name] = {"winner": site.candidates[0].name, "us": {}}
+                    continue
+                layers = [m.module for m in members[:cls.pass_layers]]
                 m = measure(site.candidates, layers, site.in_features, dtype, cls.rows,
                             warned, label=f"{k.split(':')[2]} {cls.name}")
                 entry[cls.name] = {"winner": m.winner, "us": m.us}
                 if bar is not None:
                     bar.update(len(site.candidates))
-            stored[k] = entry
+            if any(not v["us"] for v in entry.values()):
+                unmeasured[k] = entry
+            else:
+                stored[k] = entry
         if bar is not None:
             bar.close()
         plan.seconds = time.perf_counter() - start
-        if todo:
+        if unmeasured:
+            logger.warning("linear choice: measuring stopped after %.0f s (a busy machine?); "
+                           "%d of %d shapes keep their default and are measured at the next "
+                           "start", MAX_SECONDS, len(unmeasured), len(groups))
+        if len(unmeasured) < len(todo):
             _write_cache(path, {"schema": SCHEMA, "host": key,
                                 "candidates": {n: c.version for n, c in cands.items()},
                                 "choices": stored})
         for k in groups:
-            entry = stored[k]
+            entry = stored[k] if k in stored else unmeasured[k]
             classes = {c: Measurement(v["winner"], v.get("us", {})) for c, v in entry.items()}
             for cls in TOKEN_CLASSES:  # a class not measured (LM head prefill): the previous
                 if cls.name not in classes:
