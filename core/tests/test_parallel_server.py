@@ -1,0 +1,62 @@
+"""The OpenAI server with tensor parallelism: real ranks behind a real HTTP server."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from glowlm.testing.server import start_server, stop_server
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_openai_server_with_tp2(tiny_model_dir, tmp_path: Path) -> None:  # noqa: ANN001
+    """Greedy completions over HTTP with -tp 2 equal the single-rank engine's; SIGTERM
+    stops the rank processes too."""
+    openai = pytest.importorskip("openai")
+    from glowlm import LLM, SamplingParams
+
+    model = str(tiny_model_dir("llama"))
+    prompts = ["def fibonacci(n):", "class Greeter:"]
+    llm = LLM(model, block_size=32, kv_cache_space_gib=0.02, show_progress=False)
+    expected = [o.outputs[0].text for o in llm.generate(
+        prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+        use_tqdm=False)]
+    server = start_server(model, tmp_path / "serve.log", "-tp", "2", "--block-size", "32",
+                          env={"GLOWLM_PLATFORM": "generic"}, timeout=300)
+    try:
+        ranks = _children(server.proc.pid)
+        assert ranks, server.log_tail()
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x")
+        name = client.models.list().data[0].id
+        for prompt, want in zip(prompts, expected, strict=True):
+            got = client.completions.create(model=name, prompt=prompt, max_tokens=12,
+                                            temperature=0.0, extra_body={"ignore_eos": True})
+            assert got.choices[0].text == want
+        log = server.log_tail(20000)
+        assert "thread binding off" in log and "(rank 1)" in log
+    finally:
+        stop_server(server)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in ranks):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in ranks)
