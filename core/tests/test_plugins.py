@@ -29,6 +29,8 @@ import torch
 from glowlm.platforms.interface import Capabilities, Match, Platform
 from glowlm.plugins.hookspecs import hookimpl
 
+GLOWLM_PLUGIN_API = {api}
+
 
 class P(Platform):
     name = {name!r}
@@ -49,8 +51,12 @@ def glowlm_platforms():
 '''
 
 
-def platform_module(name: str, rank: int, detect: str = "return Match(True, 'ok')") -> str:
-    return PLATFORM.format(name=name, rank=rank, detect=detect)
+def platform_module(name: str, rank: int, detect: str = "return Match(True, 'ok')",
+                    api: str = '"1.0"') -> str:
+    """A plugin module with one platform; ``api`` is its GLOWLM_PLUGIN_API expression
+    (``None``: no declaration)."""
+    source = PLATFORM.format(name=name, rank=rank, detect=detect, api=api)
+    return source.replace("GLOWLM_PLUGIN_API = None\n", "") if api == "None" else source
 
 
 Install = Callable[..., None]
@@ -136,6 +142,8 @@ def test_a_hook_returning_a_non_platform_is_a_warning_naming_the_plugin(
     install_plugins(good=platform_module("good", 0), odd="""
         from glowlm.plugins.hookspecs import hookimpl
 
+        GLOWLM_PLUGIN_API = "1.0"
+
         @hookimpl
         def glowlm_platforms():
             return ["not a class"]
@@ -151,6 +159,8 @@ def test_a_hook_that_raises_is_reported(install_plugins: Install,
     install_plugins(good=platform_module("good", 0), boom="""
         from glowlm.plugins.hookspecs import hookimpl
 
+        GLOWLM_PLUGIN_API = "1.0"
+
         @hookimpl
         def glowlm_platforms():
             raise RuntimeError("kaput")
@@ -164,6 +174,8 @@ def test_a_hook_with_a_wrong_signature_is_rejected_at_registration(
         install_plugins: Install, glowlm_logs: pytest.LogCaptureFixture) -> None:
     install_plugins(good=platform_module("good", 0), badsig="""
         from glowlm.plugins.hookspecs import hookimpl
+
+        GLOWLM_PLUGIN_API = "1.0"
 
         @hookimpl
         def glowlm_platforms(host):
@@ -213,6 +225,8 @@ def test_a_misspelled_hook_is_an_error_naming_the_plugin_and_the_hook(
     install_plugins(good=platform_module("good", 0), typo="""
         from glowlm.plugins.hookspecs import hookimpl
 
+        GLOWLM_PLUGIN_API = "1.0"
+
         @hookimpl
         def glowlm_platfroms():
             return []
@@ -225,6 +239,8 @@ def test_a_misspelled_hook_is_an_error_naming_the_plugin_and_the_hook(
 
 def test_an_undecorated_hook_is_an_error_not_a_silent_no_op(install_plugins: Install) -> None:
     install_plugins(good=platform_module("good", 0), bare="""
+        GLOWLM_PLUGIN_API = "1.0"
+
         def glowlm_platforms():
             return []
     """)
@@ -241,7 +257,7 @@ def test_the_plugin_api_version_is_checked_at_discovery(install_plugins: Install
     assert PLUGIN_API_VERSION == "1.0"
     value = declared if declared.startswith('"') else repr(declared)
     install_plugins(good=platform_module("good", 0),
-                    versioned=f"GLOWLM_PLUGIN_API = {value}\n" + platform_module("versioned", 5))
+                    versioned=platform_module("versioned", 5, api=value))
     cand = next(c for c in gather_candidates(load_plugins(), HOST) if c.plugin == "versioned")
     assert cand.matched is ok
     if declared == "2.0":
@@ -254,6 +270,8 @@ def test_the_plugin_api_version_is_checked_at_discovery(install_plugins: Install
 
 SETTINGS_PLUGIN = '''
 from glowlm.plugin_api import Setting, hookimpl, parse_int
+
+GLOWLM_PLUGIN_API = "1.0"
 
 RANK = Setting("GLOWLM_{tag}_RANK", "7", "rank of the {tag} platform", parse_int)
 
@@ -289,6 +307,8 @@ def test_plugins_declare_their_settings_and_a_name_has_one_owner(
 
 MODELS_PLUGIN = '''
 from glowlm.plugin_api import hookimpl
+
+GLOWLM_PLUGIN_API = "1.0"
 
 
 @hookimpl
@@ -356,3 +376,14 @@ def test_the_block_size_rule_has_one_owner_the_platform_capability(tmp_path: Pat
                                        block_size_multiple=16)
 
     assert Sixteen(HOST, Match(True, "test")).update_config(config).block_size == 48
+
+
+def test_a_plugin_that_declares_no_api_version_is_refused_with_the_fix(
+        install_plugins: Install, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manager, "REQUIRE_API_DECLARATION", True)
+    install_plugins(good=platform_module("good", 0), old=platform_module("old", 5, api="None"))
+    old = next(c for c in gather_candidates(load_plugins(), HOST) if c.plugin == "old")
+    assert not old.matched
+    assert old.reason == ('plugin failed: declares no plugin API version (set '
+                          'GLOWLM_PLUGIN_API = "1.0" in its entry-point module once it is '
+                          'built against this API)')
