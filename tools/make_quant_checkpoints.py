@@ -17,6 +17,10 @@ seeded random token sequences and saved compressed (compressed-tensors format). 
 decompresses the checkpoint itself) computes from that checkpoint in float32: the prompt
 log-probabilities and greedy tokens the tests compare glowlm against. The same tool
 therefore writes the format and gives the reference, independently of glowlm's parser.
+
+``--bench .bench_models/llama-1b-rand`` instead writes quantized copies of a benchmark
+checkpoint (W4A16 group 128 and W8A8 dynamic, round-to-nearest) beside it, for
+``glowlm bench roofline/throughput`` (docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -170,13 +174,47 @@ def make(name: str, out_dir: Path, work: Path) -> None:
     print(f"{name}: {sum(f.stat().st_size for f in target.iterdir()) // 1024} KiB")
 
 
+#: Benchmark schemes (``--bench``): round-to-nearest, no calibration data, so a 1 B model
+#: quantizes in minutes on 2 cores; speed does not depend on the weight values.
+BENCH_SCHEMES: dict[str, dict[str, Any]] = {
+    "w4a16-g128": {"weights": _weights(4, "group", 128)},
+    "w8a8-dynamic": {"weights": _weights(8, "channel"),
+                     "input_activations": _int8_input("token", True)},
+}
+
+
+def make_bench(source: Path, out_dir: Path, schemes: list[str]) -> None:
+    """Quantize a benchmark checkpoint (``make bench-models``' llama-1b-rand) per scheme
+    into ``OUT/<source name>-<scheme>``."""
+    import torch
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for scheme in schemes:
+        target = out_dir / f"{source.name}-{scheme}"
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
+        oneshot(model=model, recipe=_modifier("rtn", BENCH_SCHEMES[scheme]))
+        model.save_pretrained(target, save_compressed=True)
+        AutoTokenizer.from_pretrained(source).save_pretrained(target)
+        (target / "recipe.yaml").unlink(missing_ok=True)
+        size = sum(f.stat().st_size for f in target.iterdir()) >> 20
+        print(f"{target}: {size} MiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--only", nargs="*", choices=sorted(RECIPES))
     parser.add_argument("--work", type=Path, default=Path("/tmp/glowlm-quant-work"))
+    parser.add_argument("--bench", type=Path, metavar="MODEL_DIR",
+                        help="quantize this benchmark checkpoint instead of the fixtures")
+    parser.add_argument("--schemes", nargs="*", choices=sorted(BENCH_SCHEMES),
+                        default=sorted(BENCH_SCHEMES))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.bench is not None:
+        make_bench(args.bench, args.out, args.schemes)
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     for name in args.only or RECIPES:
         make(name, args.out, args.work)

@@ -21,7 +21,8 @@
 // W8A8: activations are quantized per row first (dynamic: scale = max|x| / 127;
 // static: the calibrated scale and zero point), stored as u8 = q + 128 so vpdpbusd's
 // unsigned x signed product applies; the +128 is removed with the precomputed row sums
-// of the weights. Sums are exact int32.
+// of the weights. Sums are exact int32. Without VNNI (AVX2, older AVX-512 CPUs) the same
+// sums use vpmaddwd on int16-widened operands; the portable build runs plain loops.
 #include <torch/all.h>
 
 #include <cmath>
@@ -279,6 +280,36 @@ void w8a8_block_generic(const uint8_t* xq, int64_t kp, const int8_t* w, int32_t*
   }
 }
 
+#if defined(GLOWLM_QUANT_X86)
+// One 16-row block for MT token rows without VNNI (AVX2, or AVX-512 CPUs without it):
+// weights widened to int16 and vpmaddwd against the u8 activations widened likewise.
+// Exact: |u8 * s8| <= 255 * 128 and a pair fits int32 (vpmaddubsw would saturate int16).
+template <int MT>
+void w8a8_block_madd(const uint8_t* xq, int64_t kp, const int8_t* w, int32_t* acc) {
+  __m256i a[MT][4];
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    GLOWLM_UNROLL for (int j = 0; j < 4; ++j) a[m][j] = _mm256_setzero_si256();
+  for (int64_t q = 0; q < kp / 4; ++q) {
+    __m256i wv[4];  // rows 4j..4j+3, 4 columns each, as int16
+    GLOWLM_UNROLL for (int j = 0; j < 4; ++j)
+      wv[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + q * 64 + 16 * j)));
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+      int32_t xv;
+      std::memcpy(&xv, xq + m * kp + q * 4, 4);
+      const __m256i xb = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(xv)));
+      GLOWLM_UNROLL for (int j = 0; j < 4; ++j)
+        a[m][j] = _mm256_add_epi32(a[m][j], _mm256_madd_epi16(wv[j], xb));
+    }
+  }
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    GLOWLM_UNROLL for (int j = 0; j < 4; ++j) {
+      alignas(32) int32_t t[8];
+      _mm256_store_si256((__m256i*)t, a[m][j]);
+      for (int r = 0; r < 4; ++r) acc[m * kRows + 4 * j + r] = t[2 * r] + t[2 * r + 1];
+    }
+}
+#endif
+
 #if defined(GLOWLM_QUANT_X86) && defined(__AVX512F__)
 // MT token rows x NB blocks with vpdpbusd: per 4 columns, one 64-byte weight load per
 // block and one instruction per (token, block).
@@ -373,10 +404,25 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
         continue;
       }
 #endif
+#if defined(GLOWLM_QUANT_X86)
+      if (M - m >= 2) {
+        for (int64_t b = b0; b < b0 + nb_here; ++b) {
+          w8a8_block_madd<2>(xq.data() + m * kp, kp, w + b * block_bytes, acc);
+          emit(m, 2, b, 1);
+        }
+        m += 2;
+        continue;
+      }
+      for (int64_t b = b0; b < b0 + nb_here; ++b) {
+        w8a8_block_madd<1>(xq.data() + m * kp, kp, w + b * block_bytes, acc);
+        emit(m, 1, b, 1);
+      }
+#else
       for (int64_t b = b0; b < b0 + nb_here; ++b) {
         w8a8_block_generic<1>(xq.data() + m * kp, kp, w + b * block_bytes, acc);
         emit(m, 1, b, 1);
       }
+#endif
       m += 1;
     }
   });
