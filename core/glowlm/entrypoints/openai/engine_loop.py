@@ -160,11 +160,14 @@ class AsyncEngine:
         self.adds_in_flight = 0
         self._token_text: dict[int, str] = {}
         self._closed = False
+        #: The event loop the driver runs on (set by start; for signal handlers).
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.snapshot = self._snapshot()  # engine idle: safe from this thread
 
     # -- lifecycle (event loop) ---------------------------------------------------------
 
     def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._loop(), name="glowlm-engine-loop")
 

@@ -8,13 +8,14 @@ or invalid body becomes an OpenAI-shaped 4xx naming the field.
 Shutdown (Ctrl-C, SIGTERM): stop accepting connections, let open requests
 finish for up to ``--graceful-shutdown-timeout`` seconds, then end the rest
 (a stream gets an error event and ``[DONE]``, a plain request a 503), stop the
-engine thread and exit 0. A second Ctrl-C exits at once.
+engine thread and exit 0. A second Ctrl-C or SIGTERM exits at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import signal
 import socket
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -264,6 +266,19 @@ class GracefulServer(uvicorn.Server):
             for sig, handler in original.items():
                 signal.signal(sig, handler)
 
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """A second SIGINT *or* SIGTERM stops at once (uvicorn forces only on SIGINT, so
+        a supervisor's second SIGTERM would otherwise wait out the whole drain)."""
+        if self.should_exit and not self.force_exit:
+            self.force_exit = True
+            # End every request now, so each client gets a clean ending (a stream its
+            # error event and [DONE], a plain request a 503) in the moment uvicorn
+            # still runs, rather than a cancelled task's 500.
+            loop = self.driver.loop
+            if loop is not None:
+                loop.call_soon_threadsafe(self.driver.cancel_all, "the server was stopped")
+        super().handle_exit(sig, frame)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         pending = self.driver.snapshot.num_unfinished
         if pending:
@@ -302,3 +317,7 @@ def serve(engine: LLMEngine, options: ServerOptions, sock: socket.socket, *,
                 json.dumps(options.served_model_names), scheme, host, port,
                 extra.get("root_path", ""))
     GracefulServer(config, app.state.driver, graceful_shutdown_timeout).run(sockets=[sock])
+    # Everything is stopped: skip the interpreter's last full garbage collection of the
+    # engine's and libraries' objects (seconds of CPU on exit, measured 5-7 s with the
+    # tiny test model), so a stopped server exits when its requests have ended.
+    gc.freeze()
