@@ -15,7 +15,7 @@
 #include <string>
 #include <tuple>
 
-#include "torch/ops.h"
+#include "ops.h"
 
 namespace glowlm {
 namespace {
