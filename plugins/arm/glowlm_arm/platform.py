@@ -7,12 +7,15 @@ Ampere Altra). It is matched as a whole word: ``svebf16`` alone does not count.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from glowlm.platforms.host import HostInfo
 from glowlm.platforms.interface import Capabilities, Match, Platform
+from glowlm_kernels.parts import OP_NAMES, CompiledKernelsPlatform
 
 
-class ArmPlatform(Platform):
+class ArmPlatform(CompiledKernelsPlatform, Platform):
     """Linux aarch64 with NEON.
 
     dtypes: bfloat16 first where the CPU has ``bf16`` (native BFDOT/BFMMLA GEMMs),
@@ -20,10 +23,24 @@ class ArmPlatform(Platform):
     bfloat16 model then runs in float32 (with a log line), and ``--dtype bfloat16``
     is refused, because emulated bfloat16 on such cores is slower than float32.
     No quantization methods are declared.
+
+    Kernels: the shared kernel tree compiled at install for NEON (``-march=armv8-a``)
+    and NEON + BF16 (``-march=armv8.6-a+bf16``); the live CPU picks the module
+    (``neon-bf16`` only where it reports ``bf16``). Core's reference ops run when the
+    module cannot load, and ``capabilities.kernels`` is then emptied.
     """
 
     name = "arm"
     rank = 100
+    kernel_plugin = "arm"
+    kernel_package_dir = Path(__file__).resolve().parent
+
+    @classmethod
+    def kernel_variant(cls, cpu: HostInfo) -> str | None:
+        """The kernel module the CPU this process runs on executes (None: not aarch64)."""
+        if cpu.machine != "aarch64" or not cpu.has_flag("asimd"):
+            return None
+        return "neon-bf16" if cpu.has_flag("bf16") else "neon"
 
     @classmethod
     def detect(cls, host: HostInfo) -> Match:
@@ -44,10 +61,11 @@ class ArmPlatform(Platform):
             dtypes = (torch.bfloat16, torch.float32, torch.float16)
         else:
             dtypes = (torch.float32, torch.float16)
-        return Capabilities(isa=match.isa or "neon", dtypes=dtypes)
+        return Capabilities(isa=match.isa or "neon", dtypes=dtypes, kernels=OP_NAMES)
 
     def startup_notes(self) -> list[str]:
         notes = super().startup_notes()
+        notes.append(self.kernel_note())
         if self.capabilities.isa == "neon":
             notes.append("this Arm CPU has no bf16 (ARMv8.6 FEAT_BF16): bfloat16 is not "
                          "supported; bfloat16 models run in float32")

@@ -8,15 +8,18 @@ the supported target is z15 or newer, so a z14 runs with a note.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from glowlm.platforms.host import HostInfo
 from glowlm.platforms.interface import Capabilities, Match, Platform
+from glowlm_kernels.parts import OP_NAMES, CompiledKernelsPlatform
 
 NO_VXE = ("needs the vector-enhancements facility (vxe, z15 or newer; z14 also has it); "
           "this CPU's features lack vxe")
 
 
-class S390xPlatform(Platform):
+class S390xPlatform(CompiledKernelsPlatform, Platform):
     """Linux s390x with vxe. Experimental.
 
     dtypes: float32 first (the fallback), bfloat16, float16, all supported. The
@@ -25,6 +28,15 @@ class S390xPlatform(Platform):
 
     name = "s390x"
     rank = 100
+    kernel_plugin = "s390x"
+    kernel_package_dir = Path(__file__).resolve().parent
+
+    @classmethod
+    def kernel_variant(cls, cpu: HostInfo) -> str | None:
+        """The module the live CPU runs: z15 (VXE2) where it has vxe2, else z14 (VXE)."""
+        if cpu.machine != "s390x" or not cpu.has_flag("vxe"):
+            return None
+        return "z15" if cpu.has_flag("vxe2") else "z14"
 
     @classmethod
     def detect(cls, host: HostInfo) -> Match:
@@ -39,11 +51,12 @@ class S390xPlatform(Platform):
     @classmethod
     def capabilities_for(cls, host: HostInfo, match: Match) -> Capabilities:
         return Capabilities(isa="vxe", dtypes=(torch.float32, torch.bfloat16, torch.float16),
-                            quantization=("awq", "gptq", "compressed-tensors"),
-                            status="experimental")
+                            quantization=("awq", "gptq", "compressed-tensors", "gguf"),
+                            kernels=OP_NAMES, status="experimental")
 
     def startup_notes(self) -> list[str]:
         notes = super().startup_notes()
+        notes.append(self.kernel_note())
         if not self.host.has_flag("vxe2"):
             notes.append("this IBM Z has vxe but not vxe2 (z14): the tested target is "
                          "z15 or newer")

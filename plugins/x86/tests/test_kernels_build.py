@@ -32,8 +32,13 @@ def test_cache_key_separates_isas_and_names_the_module() -> None:
 
 
 def test_every_source_is_compiled_and_hashed() -> None:
-    cpp = {p.name for p in build.CSRC.glob("*.cpp")}
-    assert cpp == set(build.SOURCES)
+    from glowlm_kernels.build import tree_files
+
+    cpp = {p.relative_to(build.CSRC).as_posix() for p in (build.CSRC / "torch").glob("*.cpp")}
+    assert set(build.SOURCES) <= cpp
+    hashed = {p.relative_to(build.CSRC).as_posix() for p in tree_files()}
+    assert set(build.SOURCES) <= hashed
+    assert {"cpu/vec.h", "arch/vec_avx512.h", "arch/vec_neon.h", "torch/dispatch.h"} <= hashed
 
 
 def _run_fallback(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -43,8 +48,9 @@ def _run_fallback(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str
 
 
 def test_no_compiler_is_one_warning_and_reference_kernels(tmp_path: Path) -> None:
-    # An empty cache and no compiler on PATH: the build cannot start.
-    out = _run_fallback(tmp_path, PATH=str(tmp_path / "no-bin"))
+    # A variant never built at install (portable), an empty cache and no compiler on
+    # PATH: the run-time build cannot start.
+    out = _run_fallback(tmp_path, PATH=str(tmp_path / "no-bin"), GLOWLM_KERNEL_ISA="portable")
     if out.stdout.strip() == "SKIP":
         return
     assert out.returncode == 0, out.stderr
@@ -52,6 +58,22 @@ def test_no_compiler_is_one_warning_and_reference_kernels(tmp_path: Path) -> Non
     assert "() reference" in out.stdout
     warnings = [ln for ln in out.stderr.splitlines() if "kernels unavailable" in ln]
     assert len(warnings) == 1 and "no C++ compiler" in warnings[0], out.stderr
+
+
+def test_kernels_built_at_install_load_without_a_compiler(tmp_path: Path) -> None:
+    # pip install compiled avx2 and avx512 into the package: no compiler, no cache needed.
+    from glowlm.platforms.host import live
+    from glowlm_kernels.build import prebuilt
+    from glowlm_x86.kernels import cpu_isa
+
+    isa = cpu_isa(live())
+    if isa is None or prebuilt(build.VARIANTS[isa], build.PACKAGE_DIR)[0] is None:
+        pytest.skip("no kernel module built at install for this CPU's ISA (GLOWLM_BUILD_KERNELS=0 "
+                    "or sources changed since the install)")
+    out = _run_fallback(tmp_path, PATH=str(tmp_path / "no-bin"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "COMPILED", out.stdout + out.stderr
+    assert "compiling" not in out.stderr and not (tmp_path / "cache").exists()
 
 
 def test_disable_kernels_never_builds(tmp_path: Path) -> None:

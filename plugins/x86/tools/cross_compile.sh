@@ -1,39 +1,44 @@
 #!/usr/bin/env bash
-# Cross-compile the kernel sources on vec_portable.h for other CPU families.
+# Compile the torch binding of the one kernel tree for the other CPU families' variants.
 #
-# Why: the kernels are meant to be ported by writing one vector header. This checks,
-# without the hardware, that every source compiles to object code for aarch64 (NEON)
-# and s390x (z14 vector facility) against the portable header; running them is
-# covered on x86 by test_portable_vector_header_passes_the_contract_suite.
+# Why: `make test-cross` runs the algorithms (csrc/cpu, csrc/arch) under qemu through the
+# torch-free driver, but the torch layer (csrc/torch) can only be linked on the target,
+# against its own torch. This checks, without the hardware, that every binding source
+# compiles to object code with each variant's flags (glowlm_kernels.build.VARIANTS) and
+# the host torch's headers (the same headers on every architecture).
 #
-# Needs the Debian cross compilers (apt-get install g++-12-aarch64-linux-gnu
-# g++-12-s390x-linux-gnu); a target whose compiler is missing is reported and skipped.
+# Needs the Debian cross compilers (apt-get install g++-aarch64-linux-gnu
+# g++-s390x-linux-gnu); a target whose compiler is missing is reported and skipped.
 # Usage: plugins/x86/tools/cross_compile.sh [python]   (default .venv/bin/python)
 set -euo pipefail
 
 PY=${1:-.venv/bin/python}
-CSRC=$(cd "$(dirname "$0")/../glowlm_x86/kernels/csrc" && pwd)
-INCLUDES=$("$PY" -c 'from torch.utils.cpp_extension import include_paths as p
-import sysconfig; print(" ".join("-I" + d for d in p() + [sysconfig.get_paths()["include"]]))')
+read -r CSRC INCLUDES <<<"$("$PY" -c 'from torch.utils.cpp_extension import include_paths as p
+import sysconfig
+from glowlm_kernels.build import CSRC
+print(CSRC, " ".join("-I" + d for d in p() + [sysconfig.get_paths()["include"]]))')"
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
 status=0
-for target in "aarch64-linux-gnu-g++-12 -march=armv8.2-a+fp16" \
-              "s390x-linux-gnu-g++-12 -march=z14"; do
-  read -r cxx march <<<"$target"
+for target in arm:neon:aarch64-linux-gnu-g++ arm:neon-bf16:aarch64-linux-gnu-g++ \
+              s390x:z14:s390x-linux-gnu-g++ s390x:z15:s390x-linux-gnu-g++; do
+  IFS=: read -r plugin isa cxx <<<"$target"
   if ! command -v "$cxx" >/dev/null; then
     echo "skip: $cxx not installed"
     continue
   fi
-  for src in "$CSRC"/*.cpp; do
+  read -r -a flags <<<"$("$PY" -c "from glowlm_kernels.build import VARIANTS
+print(' '.join(VARIANTS['$plugin']['$isa'].cflags))")"
+  for src in "$CSRC"/torch/*.cpp; do
     start=$SECONDS
     # -w: torch's own headers warn under -std=c++17; the kernels' code is what is checked.
-    if "$cxx" -std=c++17 -O3 -fopenmp -DGLOWLM_VEC_PORTABLE $march -w $INCLUDES \
-        -I"$CSRC" -c "$src" -o "$OUT/$(basename "$src").o"; then
-      echo "ok   $cxx $(basename "$src") ($((SECONDS - start)) s)"
+    # shellcheck disable=SC2086
+    if "$cxx" -std=c++17 "${flags[@]}" -w $INCLUDES -I"$CSRC" -c "$src" \
+        -o "$OUT/$isa-$(basename "$src").o"; then
+      echo "ok   $plugin $isa $(basename "$src") ($((SECONDS - start)) s)"
     else
-      echo "FAIL $cxx $(basename "$src")"
+      echo "FAIL $plugin $isa $(basename "$src")"
       status=1
     fi
   done

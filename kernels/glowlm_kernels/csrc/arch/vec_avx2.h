@@ -21,15 +21,15 @@ inline VecF zero() { return {_mm256_setzero_ps()}; }
 inline VecF set1(float x) { return {_mm256_set1_ps(x)}; }
 inline VecF broadcast(const float* p) { return {_mm256_broadcast_ss(p)}; }
 inline VecF load(const float* p) { return {_mm256_loadu_ps(p)}; }
-inline VecF load(const c10::BFloat16* p) {
+inline VecF load(const bf16* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))};
 }
-inline VecF load(const c10::Half* p) {
+inline VecF load(const fp16* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
 }
 inline void store(float* p, VecF a) { _mm256_storeu_ps(p, a.v); }
-inline void store(c10::BFloat16* p, VecF a) {
+inline void store(bf16* p, VecF a) {
   // Round to nearest even: add 0x7fff + lsb of the kept half, then keep the top 16 bits.
   __m256i i = _mm256_castps_si256(a.v);
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(i, 16), _mm256_set1_epi32(1));
@@ -41,7 +41,7 @@ inline void store(c10::BFloat16* p, VecF a) {
   __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
 }
-inline void store(c10::Half* p, VecF a) {
+inline void store(fp16* p, VecF a) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT));
 }
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <tuple>
 
-#include "ops.h"
+#include "torch/ops.h"
 
 namespace glowlm {
 namespace {

@@ -1,11 +1,20 @@
 // The operator schemas (declared once) and their CPU implementations.
 //
-// The same schemas are declared by each ISA's module (avx2, avx512, portable); a
-// process loads exactly one of them. Fake (meta) implementations live in Python
-// (glowlm_x86/kernels/ops.py) so torch.compile can trace these ops.
-#include "ops.h"
+// Every plugin's module registers the same schemas under its own namespace, given at
+// build time as -DGLOWLM_OPS_NAMESPACE=glowlm_x86 (glowlm_arm, glowlm_s390x); within a
+// plugin the same schemas are declared by each ISA's module (avx2, avx512, ...) and a
+// process loads exactly one of them. Fake (meta) implementations live in Python (the
+// plugins' kernels/ops.py) so torch.compile can trace these ops.
+#include "torch/ops.h"
 
-TORCH_LIBRARY(glowlm_x86, m) {
+#ifndef GLOWLM_OPS_NAMESPACE
+#error "build with -DGLOWLM_OPS_NAMESPACE=<the plugin's torch.ops namespace>"
+#endif
+// One level of indirection so the namespace macro expands before TORCH_LIBRARY pastes it.
+#define GLOWLM_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define GLOWLM_LIBRARY_IMPL(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
+
+GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps)"
         " -> (Tensor, Tensor)");
@@ -44,7 +53,7 @@ TORCH_LIBRARY(glowlm_x86, m) {
         " int gemv_max_m) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(glowlm_x86, CPU, m) {
+GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("rms_norm", &glowlm::rms_norm);
   m.impl("fused_add_rms_norm", &glowlm::fused_add_rms_norm);
   m.impl("rotary_embedding", &glowlm::rotary_embedding);

@@ -1,12 +1,15 @@
 // Portable implementation of vec.h: GCC/Clang vector extensions, no intrinsics.
 //
 // Why it exists: it is the proof that the kernels depend on vec.h's names alone (the
-// whole contract suite runs against it: `GLOWLM_KERNEL_ISA=portable`), and the
-// starting point of a port. The same file compiles for any target the compiler
-// knows (SSE2 on baseline x86-64, NEON on aarch64, VXE on s390x); a port then
-// replaces the slow spots with the ISA's intrinsics (fp16 conversion here is scalar,
-// and a*b+c is fused only where the compiler contracts it). It is a correctness
-// path, not a fast one: x86 CPUs use vec_avx2.h or vec_avx512.h.
+// whole contract suite runs against it: `GLOWLM_KERNEL_ISA=portable`), the starting
+// point of a port, and the s390x header: GCC compiles these vector types to the z14
+// vector facility (VXE, -march=z14) and z15's VXE2 (-march=z15) directly, 8 floats as
+// two 128-bit registers (32 of them). The same file compiles for any target the
+// compiler knows (SSE2 on baseline x86-64, NEON on aarch64); a port replaces the slow
+// spots with the ISA's intrinsics (fp16 conversion here is scalar, and a*b+c is fused
+// only where the compiler contracts it). The header works on integers, not bytes, so
+// its bf16 bit tricks hold on big-endian s390x. x86 CPUs use vec_avx2.h or
+// vec_avx512.h; Arm vec_neon.h.
 #pragma once
 
 namespace glowlm::vec {
@@ -34,18 +37,18 @@ inline VecF load(const float* p) {
   std::memcpy(&a.v, p, sizeof(F8));
   return a;
 }
-inline VecF load(const c10::BFloat16* p) {
+inline VecF load(const bf16* p) {
   H8 h;
   std::memcpy(&h, p, sizeof(H8));
   return {reinterpret_cast<F8>(__builtin_convertvector(h, U8) << 16)};
 }
-inline VecF load(const c10::Half* p) {
+inline VecF load(const fp16* p) {
   VecF a;
-  for (int i = 0; i < W; ++i) a.v[i] = static_cast<float>(p[i]);
+  for (int i = 0; i < W; ++i) a.v[i] = to_float(p[i]);
   return a;
 }
 inline void store(float* p, VecF a) { std::memcpy(p, &a.v, sizeof(F8)); }
-inline void store(c10::BFloat16* p, VecF a) {
+inline void store(bf16* p, VecF a) {
   // Round to nearest even through the integer bits; NaN stays a quiet NaN.
   const U8 i = reinterpret_cast<U8>(a.v);
   const U8 rounded = (i + 0x7fffu + ((i >> 16) & 1u)) >> 16;
@@ -53,8 +56,8 @@ inline void store(c10::BFloat16* p, VecF a) {
   const H8 h = __builtin_convertvector(r, H8);
   std::memcpy(p, &h, sizeof(H8));
 }
-inline void store(c10::Half* p, VecF a) {
-  for (int i = 0; i < W; ++i) p[i] = c10::Half(a.v[i]);  // round to nearest even
+inline void store(fp16* p, VecF a) {
+  for (int i = 0; i < W; ++i) p[i] = from_float<fp16>(a.v[i]);  // round to nearest even
 }
 
 inline VecF add(VecF a, VecF b) { return {a.v + b.v}; }

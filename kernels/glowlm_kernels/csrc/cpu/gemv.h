@@ -1,4 +1,4 @@
-// Weight-streaming GEMV for decode (a few token rows); larger M runs gemm.cpp.
+// Weight-streaming GEMV for decode (torch-free) (a few token rows); larger M runs gemm.cpp.
 //
 // Decode is bound by memory bandwidth: every weight byte must be read once per
 // step and no more. `gemv` converts bf16/fp16 to fp32 in registers and multiplies
@@ -21,18 +21,14 @@
 // them slower, so they do not; the few leftover rows of a chunk, run one at a time,
 // do). Figures: C++ microbenchmarks, the models' matrices in
 // 2 MiB pages, configurations round-robin in one process (docs/performance.md).
-#include <ATen/Parallel.h>
+#pragma once
 
-#include <optional>
-#include <vector>
+#include <algorithm>
 
-#include "dispatch.h"
-#include "ops.h"
-#include "parallel.h"
-#include "vec.h"
+#include "cpu/parallel.h"
+#include "cpu/vec.h"
 
-namespace glowlm {
-namespace {
+namespace glowlm::cpu {
 
 using namespace glowlm::vec;
 
@@ -112,7 +108,7 @@ inline void gemv_rows(const float* x, int64_t M, int64_t K, const WT* w, int64_t
 }
 
 template <typename WT>
-void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N) {
+void gemv_f32(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N) {
   const bool short_rows = K * static_cast<int64_t>(sizeof(WT)) < kShortRowBytes;
   const int64_t rows = short_rows ? kShortChunkRows : kChunkRows;
   const int64_t chunks = (N + rows - 1) / rows;
@@ -134,52 +130,22 @@ void gemv_impl(const float* x, int64_t M, int64_t K, const WT* w, float* y, int6
   });
 }
 
-void check_linear_args(const at::Tensor& x, const at::Tensor& weight,
-                       const std::optional<at::Tensor>& bias, const char* name) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), name,
-              ": x must be [M, K] and weight [N, K], got ", x.sizes(), " and ",
-              weight.sizes());
-  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == weight.size(0)), name,
-              ": bias must be [N]");
+// dst[i] = float(src[i]) for n elements (decode-sized: plain loops, one thread).
+template <typename T>
+void to_float_buf(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
 }
 
-}  // namespace
-
-at::Tensor gemv(const at::Tensor& x_in, const at::Tensor& weight_in,
-                const std::optional<at::Tensor>& bias) {
-  check_linear_args(x_in, weight_in, bias, "gemv");
-  // Decode calls this ~50-100 times per token on tensors of a few KiB, so the
-  // conversions of x and y run here in plain loops rather than as ATen ops (each of
-  // which costs microseconds of dispatch and allocation).
-  const at::Tensor x = x_in.contiguous();
-  const at::Tensor weight = weight_in.contiguous();
-  const std::optional<at::Tensor> b = bias ? std::optional<at::Tensor>(bias->contiguous())
-                                          : std::nullopt;
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  at::Tensor out = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return out;
-  thread_local std::vector<float> xbuf, ybuf;
-  xbuf.resize(M * K);
-  ybuf.resize(M * N);
-  GLOWLM_DISPATCH_FLOAT_TYPES(x.scalar_type(), "gemv", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    for (int64_t i = 0; i < M * K; ++i) xbuf[i] = to_float(xp[i]);
-  });
-  GLOWLM_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gemv", [&] {
-    gemv_impl(xbuf.data(), M, K, weight.data_ptr<scalar_t>(), ybuf.data(), N);
-  });
-  if (b) {  // bias in its own dtype (usually the model's): added here, no converted copy
-    GLOWLM_DISPATCH_FLOAT_TYPES(b->scalar_type(), "gemv", [&] {
-      const scalar_t* bp = b->data_ptr<scalar_t>();
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) ybuf[m * N + n] += to_float(bp[n]);
-    });
-  }
-  GLOWLM_DISPATCH_FLOAT_TYPES(out.scalar_type(), "gemv", [&] {
-    scalar_t* op = out.data_ptr<scalar_t>();
-    for (int64_t i = 0; i < M * N; ++i) op[i] = from_float<scalar_t>(ybuf[i]);
-  });
-  return out;
+template <typename T>
+void from_float_buf(const float* src, T* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_float<T>(src[i]);
 }
 
-}  // namespace glowlm
+// y[m, n] += bias[n] for M rows of N, the bias in its own dtype.
+template <typename T>
+void add_bias(float* y, const T* bias, int64_t M, int64_t N) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) y[m * N + n] += to_float(bias[n]);
+}
+
+}  // namespace glowlm::cpu

@@ -1,9 +1,22 @@
-// dtype dispatch over the three storage dtypes the kernels support.
+// dtype dispatch over the three storage dtypes the kernels support, and tensor storage
+// as the algorithms' types (glowlm::bf16 / fp16 have c10::BFloat16 / c10::Half's layout).
 #pragma once
 
 #include <torch/all.h>
 
-// Runs the lambda `__VA_ARGS__` with `scalar_t` bound to the C++ type of DTYPE.
+#include "cpu/types.h"
+
+namespace glowlm {
+
+// A tensor's storage as T (float, bf16 or fp16); the caller dispatched on its dtype.
+template <typename T>
+inline T* ptr(const at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+}  // namespace glowlm
+
+// Runs the lambda `__VA_ARGS__` with `scalar_t` bound to the kernels' type of DTYPE.
 #define GLOWLM_DISPATCH_FLOAT_TYPES(DTYPE, NAME, ...)                         \
   switch (DTYPE) {                                                             \
     case at::kFloat: {                                                         \
@@ -12,12 +25,12 @@
       break;                                                                   \
     }                                                                          \
     case at::kBFloat16: {                                                      \
-      using scalar_t = c10::BFloat16;                                          \
+      using scalar_t = glowlm::bf16;                                           \
       __VA_ARGS__();                                                           \
       break;                                                                   \
     }                                                                          \
     case at::kHalf: {                                                          \
-      using scalar_t = c10::Half;                                              \
+      using scalar_t = glowlm::fp16;                                           \
       __VA_ARGS__();                                                           \
       break;                                                                   \
     }                                                                          \

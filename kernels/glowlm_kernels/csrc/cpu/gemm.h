@@ -1,4 +1,4 @@
-// Blocked GEMM for prefill and batched decode: y = x w^T (+ bias), weights in their
+// Blocked GEMM for prefill and batched decode (torch-free): y = x w^T (+ bias), weights in their
 // stored dtype (fp32, bf16, fp16) and layout ([N, K]), fp32 math.
 //
 // Why not torch's GEMM: on CPUs without native bf16 math torch's bf16 GEMM runs at a
@@ -21,18 +21,16 @@
 // block of a chunk's panels (kMC x kKC floats, 256 KiB) stays in L2 across the weight
 // blocks and the thread tile stays small; one pass over all tokens read them from
 // DRAM for every weight block (llama-1b shapes, M = 4096: 112-129 -> 136-156 GFLOP/s).
+#pragma once
+
 #include <algorithm>
-#include <optional>
 #include <type_traits>
 #include <vector>
 
-#include "dispatch.h"
-#include "ops.h"
-#include "parallel.h"
-#include "vec.h"
+#include "cpu/parallel.h"
+#include "cpu/vec.h"
 
-namespace glowlm {
-namespace {
+namespace glowlm::cpu {
 
 using namespace glowlm::vec;
 
@@ -202,40 +200,16 @@ void gemm_impl(const float* xp, int64_t M, int64_t K, const WT* w, const float* 
   });
 }
 
-}  // namespace
+// Floats of the packed activations for M token rows of K (pack_activations' xp).
+inline int64_t packed_size(int64_t M, int64_t K) { return (M + kP - 1) / kP * K * kP; }
 
-at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& weight_in,
-                const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x_in.dim() == 2 && weight_in.dim() == 2 && x_in.size(1) == weight_in.size(1),
-              "gemm: x must be [M, K] and weight [N, K], got ", x_in.sizes(), " and ",
-              weight_in.sizes());
-  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == weight_in.size(0)),
-              "gemm: bias must be [N]");
-  const at::Tensor x = x_in.contiguous();
-  const at::Tensor weight = weight_in.contiguous();
-  std::optional<at::Tensor> bf;
-  if (bias) bf = bias->to(at::kFloat).contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  at::Tensor y = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y;
-  if (K == 0) {
-    y.zero_();
-    if (bf) y.add_(*bf);
-    return y;
-  }
-  const int64_t panels = (M + kP - 1) / kP;
-  at::Tensor xp = at::empty({panels * K * kP}, x.options().dtype(at::kFloat));
-  GLOWLM_DISPATCH_FLOAT_TYPES(x.scalar_type(), "gemm", [&] {
-    pack_activations(x.data_ptr<scalar_t>(), M, K, xp.data_ptr<float>());
-  });
-  GLOWLM_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gemm", [&] {
-    using WT = scalar_t;
-    GLOWLM_DISPATCH_FLOAT_TYPES(y.scalar_type(), "gemm", [&] {
-      gemm_impl(xp.data_ptr<float>(), M, K, weight.data_ptr<WT>(),
-                bf ? bf->data_ptr<float>() : nullptr, y.data_ptr<scalar_t>(), N);
-    });
-  });
-  return y;
+// y = x w^T (+ bias) for K > 0: x [M, K] in XT, w [N, K] in WT, bias fp32 [N] or null,
+// y [M, N] in OT; xp: packed_size(M, K) floats of scratch.
+template <typename XT, typename WT, typename OT>
+void gemm(const XT* x, int64_t M, int64_t K, const WT* w, const float* bias, OT* y, int64_t N,
+          float* xp) {
+  pack_activations(x, M, K, xp);
+  gemm_impl(xp, M, K, w, bias, y, N);
 }
 
-}  // namespace glowlm
+}  // namespace glowlm::cpu

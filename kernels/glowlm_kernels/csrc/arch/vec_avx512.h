@@ -22,15 +22,15 @@ inline VecF zero() { return {_mm512_setzero_ps()}; }
 inline VecF set1(float x) { return {_mm512_set1_ps(x)}; }
 inline VecF broadcast(const float* p) { return {_mm512_set1_ps(*p)}; }
 inline VecF load(const float* p) { return {_mm512_loadu_ps(p)}; }
-inline VecF load(const c10::BFloat16* p) {
+inline VecF load(const bf16* p) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
 }
-inline VecF load(const c10::Half* p) {
+inline VecF load(const fp16* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
 inline void store(float* p, VecF a) { _mm512_storeu_ps(p, a.v); }
-inline void store(c10::BFloat16* p, VecF a) {
+inline void store(bf16* p, VecF a) {
   __m512i i = _mm512_castps_si512(a.v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(i, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(i, _mm512_set1_epi32(0x7fff)),
@@ -39,7 +39,7 @@ inline void store(c10::BFloat16* p, VecF a) {
   r = _mm512_mask_mov_epi32(r, isnan, _mm512_set1_epi32(0x7fc0));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
-inline void store(c10::Half* p, VecF a) {
+inline void store(fp16* p, VecF a) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       _mm512_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT));
 }

@@ -1,30 +1,37 @@
-// A small fp32 SIMD vector abstraction for glowlm's CPU kernels.
+// A small fp32 SIMD vector abstraction: the only per-architecture code of the kernels.
 //
 // Kernels are written once against `VecF` (a register of W floats) and the free
-// functions below; the ISA header is picked by the compiler flags of the build
-// (each ISA is a separate extension module, so an AVX2-only CPU never loads
-// AVX-512 code). Another ISA (Arm NEON, s390x VXE) adds its own header with the
-// same names, starting from vec_portable.h (GCC vector extensions, any target; built
-// with -DGLOWLM_VEC_PORTABLE). Every load converts from the storage dtype (float,
-// bf16, fp16) to fp32 in registers and every store rounds back (round-to-nearest-
-// even), so the kernels do all math in fp32 whatever the tensor dtype.
+// functions below; the ISA header is picked by the compiler flags of the build (each
+// ISA is a separate module, so a CPU never loads code for an ISA it lacks), in the
+// spirit of ggml-cpu's arch/ directory:
+//   arch/vec_avx512.h    x86 AVX-512 F/BW/VL (16 lanes), also the avx512_bf16 module
+//   arch/vec_avx2.h      x86 AVX2 + FMA + F16C (8 lanes)
+//   arch/vec_neon.h      Arm NEON (8 lanes in two q registers); BFCVT stores with +bf16
+//   arch/vec_portable.h  GCC/Clang vector extensions, any target (8 lanes): the s390x
+//                        modules (-march=z14 VXE, -march=z15 VXE2) and the reference port
+// Every load converts from the storage dtype (float, bf16, fp16) to fp32 in registers
+// and every store rounds back (round-to-nearest-even), so the kernels do all math in
+// fp32 whatever the tensor dtype. A new CPU family adds a header with the same names.
 #pragma once
-
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/types.h"
+
 #if defined(GLOWLM_VEC_PORTABLE)
-#include "vec_portable.h"
+#include "arch/vec_portable.h"
 #elif defined(__AVX512F__)
-#include "vec_avx512.h"
+#include "arch/vec_avx512.h"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include "vec_avx2.h"
+#include "arch/vec_avx2.h"
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include "arch/vec_neon.h"
+#elif defined(__s390x__) || defined(__GNUC__)
+#include "arch/vec_portable.h"
 #else
-#error "glowlm-x86 kernels need AVX2+FMA+F16C, AVX-512, or -DGLOWLM_VEC_PORTABLE"
+#error "glowlm kernels: no vector header for this target"
 #endif
 
 // Register tiles are arrays indexed by loop counters (VecF acc[MR][NR]). GCC keeps such
@@ -35,14 +42,6 @@
 #define GLOWLM_UNROLL _Pragma("GCC unroll 32")
 
 namespace glowlm::vec {
-
-// Scalar conversions for loop tails; identical rounding to the vector stores.
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
-
-template <typename T>
-inline T from_float(float x) { return static_cast<T>(x); }
 
 // Software prefetch of one cache line into L1 (a hint: never faults, so it may point
 // past the end of a buffer). Portable to every ISA the compiler targets.

@@ -1,4 +1,4 @@
-// Paged attention over the KV cache [2, num_blocks, num_kv_heads, block_size, head_size].
+// Paged attention (torch-free) over the KV cache [2, num_blocks, num_kv_heads, block_size, head_size].
 //
 // One kernel serves decode and (chunked) prefill: sequence i's new tokens are
 // query rows query_start_loc[i]..query_start_loc[i+1], and query j of a chunk of
@@ -13,18 +13,19 @@
 // finished by one transposed sum rather than W horizontal reductions) and P.V keeps
 // up to 8 output vectors in registers per pass: -15 % decode attention time on the
 // llama-1b and opt-125m shapes (1 thread, 192 and 2048 keys).
-#include <ATen/Parallel.h>
+#pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
-#include "dispatch.h"
-#include "ops.h"
-#include "parallel.h"
-#include "vec.h"
+#include "cpu/parallel.h"
+#include "cpu/vec.h"
 
-namespace glowlm {
-namespace {
+namespace glowlm::cpu {
 
 using namespace glowlm::vec;
 
@@ -183,105 +184,40 @@ void run_tasks(const std::vector<Task>& tasks, const Geometry& g, const float* q
   });
 }
 
-}  // namespace
-
-void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
-              const at::Tensor& slot_mapping_in) {
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
-              "write_kv: kv_cache must be a contiguous [2, blocks, kv_heads, block, head]");
-  TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes() && key.size(1) == kv_cache.size(2)
-                  && key.size(2) == kv_cache.size(4),
-              "write_kv: key/value must be [tokens, kv_heads, head_size] matching the cache");
-  at::Tensor k = key.stride(2) == 1 ? key : key.contiguous();
-  at::Tensor v = value.stride(2) == 1 ? value : value.contiguous();
-  at::Tensor slots = slot_mapping_in.to(at::kLong).contiguous();
-  const int64_t tokens = k.size(0), heads = k.size(1), hs = k.size(2);
-  const int64_t bs = kv_cache.size(3), total = kv_cache.size(1) * bs;
-  const int64_t* sp = slots.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(sp[t] < total, "write_kv: slot ", sp[t], " beyond the cache's ", total);
-  at::Tensor k_c = k.to(kv_cache.scalar_type()), v_c = v.to(kv_cache.scalar_type());
-  GLOWLM_DISPATCH_FLOAT_TYPES(kv_cache.scalar_type(), "write_kv", [&] {
-    scalar_t* cache = kv_cache.data_ptr<scalar_t>();
-    const int64_t kv_stride = kv_cache.stride(0);
-    const scalar_t* kp = k_c.data_ptr<scalar_t>();
-    const scalar_t* vp = v_c.data_ptr<scalar_t>();
-    at::parallel_for(0, tokens * heads, 64, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const int64_t t = i / heads, h = i % heads, slot = sp[t];
-        if (slot < 0) continue;  // padding token: nothing to store
-        const int64_t blk = slot / bs, off = slot % bs;
-        scalar_t* dst = cache + ((blk * heads + h) * bs + off) * hs;
-        std::memcpy(dst, kp + t * k_c.stride(0) + h * k_c.stride(1), hs * sizeof(scalar_t));
-        std::memcpy(dst + kv_stride, vp + t * v_c.stride(0) + h * v_c.stride(1),
-                    hs * sizeof(scalar_t));
-      }
-    });
+// Stores key/value rows ([tokens, heads, hs], row strides ks/vs per token and kh/vh per
+// head, already in the cache dtype) at slots[t] of the cache (K half at cache, V half
+// kv_stride elements later; blocks of bs slots). Negative slots (padding) are skipped;
+// the caller checks slots < blocks * bs.
+template <typename T>
+void write_kv(T* cache, int64_t kv_stride, int64_t bs, const T* k, int64_t ks, int64_t kh,
+              const T* v, int64_t vs, int64_t vh, const int64_t* slots, int64_t tokens,
+              int64_t heads, int64_t hs) {
+  parallel_for(0, tokens * heads, 64, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t t = i / heads, h = i % heads, slot = slots[t];
+      if (slot < 0) continue;  // padding token: nothing to store
+      const int64_t blk = slot / bs, off = slot % bs;
+      T* dst = cache + ((blk * heads + h) * bs + off) * hs;
+      std::memcpy(dst, k + t * ks + h * kh, hs * sizeof(T));
+      std::memcpy(dst + kv_stride, v + t * vs + h * vh, hs * sizeof(T));
+    }
   });
 }
 
-at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
-                           const at::Tensor& block_tables_in, const at::Tensor& qsl_in,
-                           const at::Tensor& seq_lens_in, double scale) {
-  TORCH_CHECK(query.dim() == 3, "paged_attention: query must be [tokens, heads, head_size]");
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
-              "paged_attention: kv_cache must be a contiguous [2, blocks, kv_heads, block, head]");
-  const int64_t heads = query.size(1), kv_heads = kv_cache.size(2), hs = query.size(2);
-  TORCH_CHECK(kv_cache.size(4) == hs && heads % kv_heads == 0,
-              "paged_attention: head sizes differ or heads not a multiple of kv heads");
-  TORCH_CHECK(hs % W == 0, "paged_attention: head_size ", hs, " must be a multiple of ", W,
-              " on ", kIsa);
-  const int64_t bs = kv_cache.size(3);
-  TORCH_CHECK(bs % W == 0, "paged_attention: block_size must be a multiple of ", W);
-  at::Tensor tables = block_tables_in.to(at::kInt).contiguous();
-  at::Tensor qsl = qsl_in.to(at::kInt).contiguous();
-  at::Tensor lens = seq_lens_in.to(at::kInt).contiguous();
-  const int64_t seqs = lens.numel();
-  TORCH_CHECK(qsl.numel() == seqs + 1 && tables.dim() == 2 && tables.size(0) >= seqs,
-              "paged_attention: query_start_loc must be [seqs + 1], block_tables [seqs, *]");
-  const Geometry g{heads, kv_heads, heads / kv_heads, hs, bs, kv_heads * bs * hs,
-                   kv_cache.stride(0), tables.size(1), static_cast<float>(scale)};
-  const int32_t* qp = qsl.data_ptr<int32_t>();
-  const int32_t* lp = lens.data_ptr<int32_t>();
+// out = attention of q (fp32 [tokens, heads, hs]) over the paged cache for `seqs`
+// sequences; qsl / lens / tables as in AttentionMetadata (int32), already checked.
+template <typename C>
+void paged_attention(const Geometry& g, const float* q, float* out, const C* cache,
+                     const int32_t* tables, const int32_t* qsl, const int32_t* lens,
+                     int64_t seqs) {
   std::vector<Task> tasks;
   for (int64_t s = 0; s < seqs; ++s) {
-    const int64_t qlen = qp[s + 1] - qp[s];
-    TORCH_CHECK(qlen >= 0 && qlen <= lp[s] && (lp[s] + bs - 1) / bs <= g.max_blocks,
-                "paged_attention: sequence ", s, " has inconsistent lengths");
-    for (int64_t h = 0; h < kv_heads; ++h)
-      for (int64_t j = 0; j < qlen; j += kQTile) tasks.push_back({s, h, j, std::min(qlen, j + kQTile)});
+    const int64_t qlen = qsl[s + 1] - qsl[s];
+    for (int64_t h = 0; h < g.num_kv_heads; ++h)
+      for (int64_t j = 0; j < qlen; j += kQTile)
+        tasks.push_back({s, h, j, std::min(qlen, j + kQTile)});
   }
-  // Decode calls this once per layer per token on a few KiB, so the query and the
-  // output are converted here in plain loops rather than as ATen ops. Every output
-  // row is written by exactly one task, so the fp32 output needs no zeroing.
-  const at::Tensor qc = query.contiguous();
-  const int64_t numel = qc.numel();
-  thread_local std::vector<float> qbuf, obuf;
-  const bool fp32 = query.scalar_type() == at::kFloat;
-  at::Tensor out = at::empty(qc.sizes(), qc.options());
-  const float* qf = fp32 ? qc.data_ptr<float>() : nullptr;
-  float* of = fp32 ? out.data_ptr<float>() : nullptr;
-  if (!fp32) {
-    qbuf.resize(numel);
-    obuf.resize(numel);
-    GLOWLM_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {
-      const scalar_t* src = qc.data_ptr<scalar_t>();
-      for (int64_t i = 0; i < numel; ++i) qbuf[i] = to_float(src[i]);
-    });
-    qf = qbuf.data();
-    of = obuf.data();
-  }
-  GLOWLM_DISPATCH_FLOAT_TYPES(kv_cache.scalar_type(), "paged_attention", [&] {
-    run_tasks<scalar_t>(tasks, g, qf, of, kv_cache.data_ptr<scalar_t>(),
-                        tables.data_ptr<int32_t>(), qp, lp);
-  });
-  if (!fp32) {
-    GLOWLM_DISPATCH_FLOAT_TYPES(query.scalar_type(), "paged_attention", [&] {
-      scalar_t* dst = out.data_ptr<scalar_t>();
-      for (int64_t i = 0; i < numel; ++i) dst[i] = from_float<scalar_t>(obuf[i]);
-    });
-  }
-  return out;
+  run_tasks<C>(tasks, g, q, out, cache, tables, qsl, lens);
 }
 
-}  // namespace glowlm
+}  // namespace glowlm::cpu

@@ -1,0 +1,113 @@
+// Arm NEON (AArch64 Advanced SIMD) implementation of vec.h: 8 floats as two q registers.
+//
+// Eight lanes rather than four keep the kernels' tile shapes and the head/block-size
+// rules of the 8-lane x86 AVX2 build (32 q registers hold the AVX2 tiles twice over).
+// fp16 converts with FCVTL/FCVTN (every AArch64 CPU has them); bf16 loads are a shift
+// (bf16 is the top half of an fp32), and with FEAT_BF16 (-march=armv8.6-a+bf16:
+// Neoverse V1/V2/N2, Graviton 3/4) bf16 stores use BFCVTN, else the integer
+// round-to-nearest-even of the portable header. FMLA fuses every fmadd.
+#pragma once
+
+#include <arm_neon.h>
+
+namespace glowlm::vec {
+
+constexpr int W = 8;
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+constexpr const char* kIsa = "neon-bf16";
+#else
+constexpr const char* kIsa = "neon";
+#endif
+constexpr int kGemvMR = 2;
+constexpr int kGemmNR = 6;
+
+struct VecF {
+  float32x4_t lo, hi;
+};
+
+inline VecF zero() { return {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}; }
+inline VecF set1(float x) { return {vdupq_n_f32(x), vdupq_n_f32(x)}; }
+inline VecF broadcast(const float* p) { return set1(*p); }
+inline VecF load(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4)}; }
+inline VecF load(const bf16* p) {
+  const uint16x8_t h = vld1q_u16(reinterpret_cast<const uint16_t*>(p));
+  return {vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16)),
+          vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(h), 16))};
+}
+inline VecF load(const fp16* p) {
+  const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(p)));
+  return {vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h)};
+}
+inline void store(float* p, VecF a) {
+  vst1q_f32(p, a.lo);
+  vst1q_f32(p + 4, a.hi);
+}
+
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+inline void store(bf16* p, VecF a) {  // BFCVTN/BFCVTN2: round to nearest even in hardware
+  const bfloat16x8_t h = vcvtq_high_bf16_f32(vcvtq_low_bf16_f32(a.lo), a.hi);
+  vst1q_u16(reinterpret_cast<uint16_t*>(p), vreinterpretq_u16_bf16(h));
+}
+#else
+inline uint16x4_t round_bf16(float32x4_t v) {
+  // Round to nearest even through the integer bits; NaN becomes the quiet NaN 0x7fc0.
+  const uint32x4_t i = vreinterpretq_u32_f32(v);
+  const uint32x4_t lsb = vandq_u32(vshrq_n_u32(i, 16), vdupq_n_u32(1));
+  uint32x4_t r = vshrq_n_u32(vaddq_u32(vaddq_u32(i, vdupq_n_u32(0x7fff)), lsb), 16);
+  r = vbslq_u32(vceqq_f32(v, v), r, vdupq_n_u32(0x7fc0));
+  return vmovn_u32(r);
+}
+inline void store(bf16* p, VecF a) {
+  vst1q_u16(reinterpret_cast<uint16_t*>(p), vcombine_u16(round_bf16(a.lo), round_bf16(a.hi)));
+}
+#endif
+
+inline void store(fp16* p, VecF a) {  // FCVTN: round to nearest even (the default FPCR mode)
+  const float16x8_t h = vcvt_high_f16_f32(vcvt_f16_f32(a.lo), a.hi);
+  vst1q_u16(reinterpret_cast<uint16_t*>(p), vreinterpretq_u16_f16(h));
+}
+
+inline VecF add(VecF a, VecF b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
+inline VecF sub(VecF a, VecF b) { return {vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi)}; }
+inline VecF mul(VecF a, VecF b) { return {vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
+inline VecF div(VecF a, VecF b) { return {vdivq_f32(a.lo, b.lo), vdivq_f32(a.hi, b.hi)}; }
+// FMAX returns NaN when either input is NaN, as x86 max(0, x) keeps a NaN x.
+inline VecF max(VecF a, VecF b) { return {vmaxq_f32(a.lo, b.lo), vmaxq_f32(a.hi, b.hi)}; }
+inline VecF fmadd(VecF a, VecF b, VecF c) {
+  return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)};
+}
+
+inline float reduce_add(VecF a) { return vaddvq_f32(vaddq_f32(a.lo, a.hi)); }
+inline float reduce_max(VecF a) { return vmaxvq_f32(vmaxq_f32(a.lo, a.hi)); }
+// Lane j of the result is reduce_add(a[j]), for the W vectors a[0..W).
+inline VecF transpose_sum(const VecF* a) {
+  float32x4_t s[W];
+  for (int j = 0; j < W; ++j) s[j] = vaddq_f32(a[j].lo, a[j].hi);
+  // Pairwise adds of four row sums give their four horizontal sums in lane order.
+  const float32x4_t lo = vpaddq_f32(vpaddq_f32(s[0], s[1]), vpaddq_f32(s[2], s[3]));
+  const float32x4_t hi = vpaddq_f32(vpaddq_f32(s[4], s[5]), vpaddq_f32(s[6], s[7]));
+  return {lo, hi};
+}
+
+// exp(x): the same range reduction and Cephes polynomial as the x86 headers.
+inline float32x4_t exp4(float32x4_t x) {
+  const float32x4_t lo = vdupq_n_f32(-87.3f);
+  float32x4_t v = vminq_f32(vmaxq_f32(x, lo), vdupq_n_f32(88.7f));
+  const float32x4_t n = vrndnq_f32(vmulq_f32(v, vdupq_n_f32(1.44269504088896341f)));
+  float32x4_t r = vfmsq_f32(v, n, vdupq_n_f32(0.693359375f));
+  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+  float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  const float32x4_t res = vmulq_f32(p, vreinterpretq_f32_s32(e));
+  // Inputs below the clamp underflow to exactly 0 (masked softmax entries rely on it).
+  return vbslq_f32(vcltq_f32(x, lo), vdupq_n_f32(0.0f), res);
+}
+inline VecF exp(VecF x) { return {exp4(x.lo), exp4(x.hi)}; }
+
+}  // namespace glowlm::vec

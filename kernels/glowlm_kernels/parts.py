@@ -1,0 +1,224 @@
+"""A plugin's compiled kernels as glowlm parts: ops table, attention backend, linear method.
+
+Used by glowlm-arm and glowlm-s390x, whose modules register the same operators as
+glowlm-x86's under their own namespace (``torch.ops.glowlm_arm``, ``glowlm_s390x``).
+:class:`PluginKernels` picks the variant for the CPU this process runs on (never the
+recorded host a test replays), loads it once (prebuilt at install, else the
+developer fallback of :mod:`.build`), and hands out the parts.
+
+glowlm-x86 keeps its own Python layer (``glowlm_x86.kernels``: the fused-layer ops,
+fake registrations, its per-shape GEMM policy); the operators underneath are the same.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from glowlm.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
+from glowlm.attention.reference import ReferenceAttentionBackend
+from glowlm.layers.linear import UnquantizedLinearMethod
+from glowlm.ops.table import OpsTable
+from torch import nn
+
+from glowlm_kernels import build
+
+#: The ops these parts use (``Capabilities.kernels`` of a platform running them).
+OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding",
+            "silu_and_mul", "gelu", "gelu_tanh", "relu", "gemv", "gemm", "write_kv",
+            "paged_attention")
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: fp32 lanes per vector of every non-x86 variant (head and block sizes must be multiples).
+VECTOR_WIDTH = 8
+#: Token rows up to which the weight-streaming GEMV runs (x86's measured threshold).
+GEMV_MAX_M = 8
+
+
+class PluginKernels:
+    """One plugin's kernel module in this process: chosen from the live CPU, loaded once."""
+
+    def __init__(self, plugin: str, package_dir: Path, choose: Callable[[Any], str | None],
+                 logger: Any) -> None:
+        self.plugin = plugin
+        self.package_dir = package_dir
+        self.choose = choose  # HostInfo of the live CPU -> ISA variant name, or None
+        self.logger = logger
+        self._lock = threading.Lock()
+        self._tried = False
+        self._library: build.KernelLibrary | None = None
+        self.why_not = ""
+
+    @property
+    def namespace(self) -> str:
+        return f"glowlm_{self.plugin}"
+
+    def library(self) -> build.KernelLibrary | None:
+        """The loaded module, or None (``why_not`` says why; the platform runs reference)."""
+        from glowlm import envs
+        from glowlm.platforms import host as host_info
+
+        with self._lock:
+            if self._tried:
+                return self._library
+            self._tried = True
+            env = envs.get()
+            isa = None if env.disable_kernels else self.choose(host_info.live())
+            if env.disable_kernels:
+                self.why_not = "GLOWLM_DISABLE_KERNELS=1"
+            elif isa is None:
+                self.why_not = "this process's CPU runs none of the plugin's kernel variants"
+            else:
+                variant = build.VARIANTS[self.plugin][isa]
+                self._library = build.load(variant, self.package_dir, env.kernel_cache,
+                                           self.logger)
+                if self._library is None:
+                    self.why_not = "the kernel module did not load (see the warning)"
+            return self._library
+
+    def ops_table(self) -> OpsTable:
+        ns = getattr(torch.ops, self.namespace)
+        return OpsTable(rms_norm=ns.rms_norm, fused_add_rms_norm=ns.fused_add_rms_norm,
+                        layer_norm=ns.layer_norm, rotary_embedding=ns.rotary_embedding,
+                        silu_and_mul=ns.silu_and_mul, gelu=ns.gelu, gelu_tanh=ns.gelu_tanh,
+                        relu=ns.relu, dense_linear=self.dense_linear)
+
+    def dense_linear(self, x: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``F.linear``: the GEMV for a few token rows, the blocked GEMM above."""
+        if weight.dtype not in KERNEL_DTYPES:
+            return F.linear(x, weight, bias)
+        ns = getattr(torch.ops, self.namespace)
+        x2 = x.reshape(-1, x.shape[-1])
+        y = (ns.gemv if x2.shape[0] <= GEMV_MAX_M else ns.gemm)(x2, weight, bias)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    def linear_method(self) -> UnquantizedLinearMethod:
+        return CompiledLinearMethod(self.dense_linear)
+
+    def attention_backend(self) -> AttentionBackend:
+        return CompiledAttentionBackend(self.namespace)
+
+
+class CompiledLinearMethod(UnquantizedLinearMethod):
+    """Dense weights through the plugin's GEMV / GEMM."""
+
+    def __init__(self, linear: Callable[..., torch.Tensor]) -> None:
+        self.linear = linear
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        return self.linear(x, layer.weight, bias)
+
+
+class CompiledAttentionBackend(AttentionBackend):
+    """Compiled decode + chunked-prefill paged attention on core's cache layout.
+
+    Shapes the kernel does not cover (head or block size not a multiple of 8, other
+    cache dtypes, a sliding window) run core's reference backend.
+    """
+
+    def __init__(self, namespace: str) -> None:
+        self.name = namespace.removeprefix("glowlm_")
+        self._ops = getattr(torch.ops, namespace)
+        self._reference = ReferenceAttentionBackend()
+
+    def supports(self, head_size: int, block_size: int, kv_dtype: torch.dtype) -> bool:
+        return (head_size % VECTOR_WIDTH == 0 and block_size % VECTOR_WIDTH == 0
+                and kv_dtype in KERNEL_DTYPES)
+
+    def forward(self, layer: AttentionLayerSpec, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+                ) -> torch.Tensor:
+        windowed = getattr(layer, "sliding_window", None)
+        if windowed or not self.supports(layer.head_size, metadata.block_size, kv_cache.dtype):
+            if metadata.num_decodes and "decode_mask" not in metadata.extras:
+                self._reference.build_metadata(metadata)
+            return self._reference.forward(layer, query, key, value, kv_cache, metadata)
+        self._ops.write_kv(kv_cache, key, value, metadata.slot_mapping)
+        out = self._ops.paged_attention(query, kv_cache, metadata.block_tables,
+                                        metadata.query_start_loc, metadata.seq_lens,
+                                        layer.scale)
+        return out.flatten(1)
+
+
+class CompiledKernelsPlatform:
+    """Mixin for a :class:`~glowlm.platforms.interface.Platform` running a plugin's kernels.
+
+    The subclass sets ``kernel_plugin`` and ``kernel_package_dir`` and implements
+    :meth:`kernel_variant`; its ``capabilities_for`` lists :data:`OP_NAMES` (the kernels
+    it runs on that CPU, built at install). The first call for a part loads the module
+    for the live CPU; if that fails the platform returns core's reference parts and its
+    ``capabilities.kernels`` becomes empty, so what is listed is what runs.
+    """
+
+    kernel_plugin: str = ""
+    kernel_package_dir: Path = Path()
+
+    @classmethod
+    def kernel_variant(cls, cpu: Any) -> str | None:
+        raise NotImplementedError
+
+    def compiled(self) -> PluginKernels | None:
+        import dataclasses
+
+        from glowlm.logger import init_logger
+
+        if not hasattr(self, "_plugin_kernels"):
+            self._plugin_kernels = PluginKernels(
+                self.kernel_plugin, self.kernel_package_dir, self.kernel_variant,
+                init_logger(f"glowlm.{self.kernel_plugin}.kernels"))
+        kernels = self._plugin_kernels
+        if kernels.library() is None:
+            caps = self.capabilities  # type: ignore[attr-defined]
+            if caps.kernels:
+                self.capabilities = dataclasses.replace(caps, kernels=())
+            return None
+        return kernels
+
+    def kernel_note(self) -> str:
+        """One start-up line: which kernels run, or why the reference ops do.
+
+        Never loads the module itself (``glowlm platforms`` shows notes and must not
+        compile): before an engine asked for parts it names the variant the live CPU
+        would load.
+        """
+        pk = getattr(self, "_plugin_kernels", None)
+        if pk is None or not pk._tried:
+            from glowlm.platforms import host as host_info
+
+            isa = self.kernel_variant(host_info.live())
+            if isa is None:
+                return (f"glowlm-{self.kernel_plugin}: compiled kernels for this CPU family; "
+                        "this process's CPU is not one, so an engine here runs core's "
+                        "reference ops")
+            return f"glowlm-{self.kernel_plugin}: compiled kernels {isa}"
+        kernels = self.compiled()
+        if kernels is None:
+            return (f"glowlm-{self.kernel_plugin}: core's reference ops "
+                    f"({self._plugin_kernels.why_not})")
+        lib = kernels.library()
+        assert lib is not None
+        how = "built at install" if lib.prebuilt else "built at run time"
+        return f"glowlm-{self.kernel_plugin}: compiled kernels {lib.isa} ({how})"
+
+    def attention_backend(self) -> AttentionBackend:
+        kernels = self.compiled()
+        if kernels is None:
+            return super().attention_backend()  # type: ignore[misc]
+        return kernels.attention_backend()
+
+    def ops(self) -> OpsTable:
+        kernels = self.compiled()
+        if kernels is None:
+            return super().ops()  # type: ignore[misc]
+        return kernels.ops_table()
+
+    def unquantized_linear_method(self) -> UnquantizedLinearMethod:
+        kernels = self.compiled()
+        if kernels is None:
+            return super().unquantized_linear_method()  # type: ignore[misc]
+        return kernels.linear_method()

@@ -1,0 +1,48 @@
+"""glowlm-arm's compiled kernels: which module each CPU runs, and the honest fallback.
+
+The kernels themselves (the shared tree's NEON and NEON+BF16 builds) are tested
+against core's reference ops under qemu by kernels/tests/test_cross_kernels.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from glowlm.platforms import host as host_info
+from glowlm.platforms.host import from_dump
+from glowlm_arm.platform import ArmPlatform
+from glowlm_kernels.parts import OP_NAMES
+
+HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+GRAVITON2 = HOSTS / "aarch64-graviton2-neoverse-n1.cpuinfo"
+GRAVITON3 = HOSTS / "aarch64-graviton3-neoverse-v1.cpuinfo"
+
+
+def _platform(dump: Path) -> ArmPlatform:
+    h = from_dump(dump)
+    return ArmPlatform(h, ArmPlatform.detect(h))
+
+
+def test_capabilities_list_the_compiled_kernels() -> None:
+    assert _platform(GRAVITON3).capabilities.kernels == OP_NAMES
+    assert {"gemv", "gemm", "paged_attention", "rms_norm"} <= set(OP_NAMES)
+
+
+def test_the_live_cpu_picks_the_variant() -> None:
+    assert ArmPlatform.kernel_variant(from_dump(GRAVITON3)) == "neon-bf16"
+    assert ArmPlatform.kernel_variant(from_dump(GRAVITON2)) == "neon"
+    assert ArmPlatform.kernel_variant(from_dump(HOSTS / "x86_64-icelake-xeon-8375c.cpuinfo")) \
+        is None
+
+
+def test_a_recorded_host_on_another_cpu_runs_reference_and_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Graviton 3 recorded, replayed on an x86 CPU: its NEON module cannot run here.
+    monkeypatch.setattr(host_info, "live", lambda: from_dump(
+        HOSTS / "x86_64-icelake-xeon-8375c.cpuinfo"))
+    p = _platform(GRAVITON3)
+    assert p.ops().replaced() == []
+    assert p.attention_backend().name == "reference"
+    assert p.capabilities.kernels == ()
+    assert any("core's reference ops" in n for n in p.startup_notes())

@@ -1,0 +1,48 @@
+"""glowlm-s390x's compiled kernels: which module each CPU runs, and the honest fallback.
+
+The kernels themselves (the shared tree's z14 (VXE) and z15 (VXE2) builds) are tested
+against core's reference ops under qemu by kernels/tests/test_cross_kernels.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from glowlm.platforms import host as host_info
+from glowlm.platforms.host import from_dump
+from glowlm_kernels.parts import OP_NAMES
+from glowlm_s390x.platform import S390xPlatform
+
+HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+Z14 = HOSTS / "s390x-z14.cpuinfo"
+Z15 = HOSTS / "s390x-z15.cpuinfo"
+
+
+def _platform(dump: Path) -> S390xPlatform:
+    h = from_dump(dump)
+    return S390xPlatform(h, S390xPlatform.detect(h))
+
+
+def test_capabilities_list_the_compiled_kernels() -> None:
+    assert _platform(Z15).capabilities.kernels == OP_NAMES
+    assert {"gemv", "gemm", "paged_attention", "rms_norm"} <= set(OP_NAMES)
+
+
+def test_the_live_cpu_picks_the_variant() -> None:
+    assert S390xPlatform.kernel_variant(from_dump(Z15)) == "z15"
+    assert S390xPlatform.kernel_variant(from_dump(Z14)) == "z14"
+    assert S390xPlatform.kernel_variant(from_dump(HOSTS / "x86_64-icelake-xeon-8375c.cpuinfo")) \
+        is None
+
+
+def test_a_recorded_host_on_another_cpu_runs_reference_and_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A z15 recorded, replayed on an x86 CPU: its z15 module cannot run here.
+    monkeypatch.setattr(host_info, "live", lambda: from_dump(
+        HOSTS / "x86_64-icelake-xeon-8375c.cpuinfo"))
+    p = _platform(Z15)
+    assert p.ops().replaced() == []
+    assert p.attention_backend().name == "reference"
+    assert p.capabilities.kernels == ()
+    assert any("core's reference ops" in n for n in p.startup_notes())
