@@ -26,6 +26,7 @@ class EngineConfig:
     revision: str | None = None     # of an ORG/NAME id in the Hugging Face cache
     gguf_file: str | None = None    # which GGUF file, when the model directory holds several
     dtype: str = "auto"
+    quantization: str | None = None  # --quantization: must name the checkpoint's method
     max_model_len: int | None = None
     block_size: int = 128
     max_num_batched_tokens: int = OFFLINE_MAX_BATCHED_TOKENS

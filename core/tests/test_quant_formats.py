@@ -232,3 +232,21 @@ def test_reference_path_matches_transformers(name: str, reference_runs: dict) ->
         err = max(abs(a - b) for a, b in zip(got["logprobs"], want_lp, strict=True))
         assert err < tol, f"{name}: max |d logprob| {err:.3g}"
         assert got["greedy"] == want_greedy
+
+
+def test_quantization_flag_must_name_the_checkpoints_method() -> None:
+    from glowlm import LLM
+
+    with pytest.raises(ModelLoadError, match="does not match the checkpoint's"):
+        LLM(model=str(FIXTURES / "w8a8-dynamic"), quantization="gptq")
+
+
+def test_cli_accepts_quantization() -> None:
+    import argparse
+
+    from glowlm.entrypoints.cli.engine_args import add_engine_args, engine_kwargs
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    args = p.parse_args(["--quantization", "awq"])
+    assert engine_kwargs(args)["quantization"] == "awq"

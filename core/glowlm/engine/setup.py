@@ -92,7 +92,7 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
     info = read_model_dir(config.model, config.revision, config.gguf_file)
     dtype = platform.resolve_dtype(info.dtype, config.dtype)
     config = platform.update_config(config)
-    quant = quantization.resolve(info.quantization_config, platform)
+    quant = quantization.resolve(info.quantization_config, platform, config.quantization)
     ops = platform.ops()
     if envs.get().no_fused_layers:
         ops = ops.without_fused()

@@ -56,6 +56,10 @@ def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
     g.add_argument("--dtype", default="auto", type=dtype_arg, metavar="DTYPE",
                    help="weights/activations dtype: auto (the model's own), bfloat16, "
                         "float16 (half), float32 (float); bfloat16 is recommended on CPUs")
+    g.add_argument("--quantization", metavar="METHOD",
+                   help="the checkpoint's quantization method (awq, gptq, "
+                        "compressed-tensors); optional, read from its config.json; "
+                        "a different name is refused, as in vLLM")
     g.add_argument("--tokenizer", metavar="DIR",
                    help="tokenizer directory (default: the model's)")
     g.add_argument("--revision", metavar="REV",
@@ -95,7 +99,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "trust_remote_code", False):
         logger.warning("--trust-remote-code: accepted, but glowlm runs no code from model "
                        "directories; only built-in architectures load")
-    keys = ("tokenizer", "revision", "gguf_file", "dtype", "platform", "max_model_len",
+    keys = ("tokenizer", "revision", "gguf_file", "dtype", "quantization", "platform",
+            "max_model_len",
             "block_size", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
             "allow_pickle", "seed")
     keys = (*keys, "tensor_parallel_size", "pipeline_parallel_size")
