@@ -23,6 +23,7 @@ import pytest
 import torch
 from glowlm import LLM, SamplingParams
 from glowlm.errors import ConfigError, ModelLoadError
+from glowlm.models.gemma3 import FULL, SLIDING, layer_types, rope_for
 from glowlm.testing.pruning import assert_pruned_prefill_matches
 from glowlm.testing.tiny_models import GEMMA3_WINDOW, SMALL_ENGINE, VOCAB, make_tiny_model
 
@@ -176,3 +177,19 @@ def test_unsupported_activation_is_one_line(tmp_path):
     model_dir = make_tiny_model("gemma3", tmp_path / "relu", hidden_activation="relu")
     with pytest.raises(ModelLoadError, match="gated activation 'relu' is not supported"):
         LLM(str(model_dir), platform="generic", **SMALL_ENGINE)
+
+
+def test_older_config_fields() -> None:
+    """Configs written before transformers 5: ``sliding_window_pattern``,
+    ``rope_local_base_freq``, ``rope_theta`` + ``rope_scaling`` (global layers only)."""
+    from types import SimpleNamespace
+
+    old = SimpleNamespace(num_hidden_layers=6, sliding_window_pattern=3,
+                          rope_local_base_freq=10_000.0, rope_theta=1_000_000.0,
+                          rope_scaling={"rope_type": "linear", "factor": 8.0})
+    assert layer_types(old) == [SLIDING, SLIDING, FULL] * 2
+    assert rope_for(old, SLIDING) == (10_000.0, None)
+    assert rope_for(old, FULL) == (1_000_000.0, {"rope_type": "linear", "factor": 8.0})
+    bad = SimpleNamespace(num_hidden_layers=2, layer_types=["sliding_attention", "chunked"])
+    with pytest.raises(ModelLoadError, match="layer_types"):
+        layer_types(bad)

@@ -71,14 +71,17 @@ def rope_for(config: Any, layer_type: str) -> tuple[float, dict[str, Any] | None
     """``(theta, scaling)`` of one layer type, from transformers 5's per-type
     ``rope_parameters`` or the older ``rope_local_base_freq`` / ``rope_theta`` +
     ``rope_scaling`` (local layers are never scaled)."""
-    params = (getattr(config, "rope_parameters", None) or {}).get(layer_type)
-    if params:
+    rope = getattr(config, "rope_parameters", None) or {}
+    params = rope.get(layer_type)
+    flat = rope if "rope_theta" in rope else {}  # one set for every layer: the global one
+    if isinstance(params, dict) and params:
         theta, scaling = float(params["rope_theta"]), dict(params)
     elif layer_type == SLIDING:
         theta, scaling = float(getattr(config, "rope_local_base_freq", None) or 10000.0), None
     else:
-        theta = float(getattr(config, "rope_theta", None) or 1_000_000.0)
-        scaling = getattr(config, "rope_scaling", None)
+        theta = float(flat.get("rope_theta") or getattr(config, "rope_theta", None)
+                      or 1_000_000.0)
+        scaling = getattr(config, "rope_scaling", None) or (dict(flat) if flat else None)
     if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) \
             == "default":
         scaling = None
