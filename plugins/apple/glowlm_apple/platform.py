@@ -12,7 +12,9 @@ from glowlm.platforms.host import HostInfo
 from glowlm.platforms.interface import Capabilities, Match, Platform
 
 EXPERIMENTAL_NOTE = ("the apple platform is experimental: Apple silicon runs core's CPU "
-                     "reference kernels (NEON through torch, no Metal); expect gaps")
+                     "reference kernels (NEON through torch, no Metal; glowlm's compiled "
+                     "kernel tree is not built for macOS yet, Apple clang has no OpenMP); "
+                     "expect gaps")
 
 
 class ApplePlatform(Platform):
