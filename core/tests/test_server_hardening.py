@@ -229,6 +229,37 @@ def test_api_key_and_limits_from_environment(monkeypatch: pytest.MonkeyPatch) ->
         http_settings(_args(request_header_timeout=0))
 
 
+def test_tokenizing_runs_off_the_engine_thread(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts are tokenized on the tokenizer thread with the server's own tokenizer copy,
+    so a long prompt never waits behind, or delays, an engine step."""
+    import asyncio
+
+    from glowlm.config import EngineConfig
+    from glowlm.engine.llm_engine import LLMEngine
+    from glowlm.entrypoints.openai.engine_loop import AsyncEngine
+    from glowlm.entrypoints.openai.metrics import ServerMetrics
+
+    monkeypatch.setenv("GLOWLM_CPU_KVCACHE_SPACE", "0.02")
+    monkeypatch.setenv("GLOWLM_PLATFORM", "generic")
+    engine = LLMEngine(EngineConfig.create(str(make_tiny_model("llama", tmp_path / "m")),
+                                           online=True))
+    driver = AsyncEngine(engine, ServerMetrics(MODEL))
+
+    async def main() -> tuple[str, str, list[int]]:
+        where = await driver.run_tokenizer(lambda: threading.current_thread().name)
+        engine_side = await driver.run(lambda: threading.current_thread().name)
+        ids = await driver.run_tokenizer(driver.tokenize, "def f(x): return x")
+        await driver.shutdown()
+        return where, engine_side, ids
+
+    where, engine_side, ids = asyncio.run(main())
+    assert where.startswith("glowlm-tokenizer") and engine_side.startswith("glowlm-engine")
+    assert driver.tokenizer is not engine.tokenizer
+    assert ids == list(engine.tokenizer.encode("def f(x): return x"))
+    assert driver.max_token_chars == max(len(t) for t in engine.tokenizer.get_vocab())
+
+
 def test_stream_error_codes_are_strings_like_plain_errors() -> None:
     event = stream_error(RequestsCancelled("the server is shutting down"))
     err = json.loads(event.removeprefix("data: "))["error"]

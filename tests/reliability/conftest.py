@@ -14,17 +14,19 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # `import helpers` under importlib mode
+# The tests import the harness by name; under --import-mode=importlib that needs its
+# directory on sys.path.
+sys.path.insert(0, str(Path(__file__).parent))
 
-import helpers  # noqa: E402
+import reliability_harness as harness  # noqa: E402
 from glowlm.testing.server import ServerProcess, stop_server  # noqa: E402
 from glowlm.testing.tiny_models import make_tiny_model  # noqa: E402
-
-#: The shared server's settings, which some tests need to know.
-MAX_NUM_SEQS = 64
-MAX_MODEL_LEN = 256
-HEADER_TIMEOUT = 3.0
-BODY_TIMEOUT = 3.0
+from reliability_harness import (  # noqa: E402
+    BODY_TIMEOUT,
+    HEADER_TIMEOUT,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+)
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +38,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("reliability-server") / "server.log"
-    srv = helpers.serve(tiny_model, log, "--block-size", "32",
+    srv = harness.serve(tiny_model, log, "--block-size", "32",
                         "--max-num-seqs", str(MAX_NUM_SEQS),
                         "--max-model-len", str(MAX_MODEL_LEN),
                         "--request-header-timeout", str(HEADER_TIMEOUT),
@@ -49,7 +51,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if helpers.FIGURES:
+    if harness.FIGURES:
         terminalreporter.section("reliability figures")
-        for name, value in sorted(helpers.FIGURES.items()):
+        for name, value in sorted(harness.FIGURES.items()):
             terminalreporter.write_line(f"{name}: {value}")

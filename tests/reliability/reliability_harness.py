@@ -24,6 +24,11 @@ from glowlm.testing.server import ServerProcess, scrape_metrics, start_server
 
 MODEL = "tiny"
 KEY = "reliability-key"
+#: The shared server's settings (conftest.py starts it), which some tests need to know.
+MAX_NUM_SEQS = 64
+MAX_MODEL_LEN = 256
+HEADER_TIMEOUT = 3.0
+BODY_TIMEOUT = 3.0
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
 

@@ -14,8 +14,16 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import MAX_NUM_SEQS
-from helpers import AUTH, CMPL, MODEL, kv_idle, metrics, record, wait_for
+from reliability_harness import (
+    AUTH,
+    CMPL,
+    MAX_NUM_SEQS,
+    MODEL,
+    kv_idle,
+    metrics,
+    record,
+    wait_for,
+)
 
 STREAMS = 64
 TOKENS = 48

@@ -18,9 +18,9 @@ import httpx
 import pytest
 import requests
 import schemathesis
-from helpers import AUTH, healthy, kv_idle, record, wait_for
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
+from reliability_harness import AUTH, healthy, kv_idle, record, wait_for
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
@@ -35,7 +35,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 #: n=64 on the tiny model, takes a few seconds).
 HANG_SECONDS = 60
 COUNTS = {"cases": 0, "server_errors": 0, "hangs": 0}
-SHORT, LONG = 20, 300
+SHORT, LONG = 20, 100
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import MAX_MODEL_LEN
-from helpers import (
+from reliability_harness import (
     AUTH,
     CHAT,
     CMPL,
+    MAX_MODEL_LEN,
     MODEL,
     InotifyWatch,
     healthy,

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from glowlm.testing.server import ServerProcess
-from helpers import AUTH, CMPL, MODEL, metrics, record, serve, wait_for
+from reliability_harness import AUTH, CMPL, MODEL, metrics, record, serve, wait_for
 
 REQUESTS = 10
 LONG = {"model": MODEL, "prompt": "def long(", "max_tokens": 1000, "ignore_eos": True}

@@ -16,8 +16,18 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import BODY_TIMEOUT, HEADER_TIMEOUT
-from helpers import AUTH, CMPL, KEY, MODEL, address, healthy, http_status, record
+from reliability_harness import (
+    AUTH,
+    BODY_TIMEOUT,
+    CMPL,
+    HEADER_TIMEOUT,
+    KEY,
+    MODEL,
+    address,
+    healthy,
+    http_status,
+    record,
+)
 
 STALLED_BODY = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
                 + KEY.encode() + b"\r\nContent-Type: application/json\r\n"

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from glowlm.testing.server import ServerProcess, stop_server
-from helpers import AUTH, CHAT, CMPL, MODEL, kv_idle, record, rss_bytes, serve, wait_for
+from reliability_harness import AUTH, CHAT, CMPL, MODEL, kv_idle, record, rss_bytes, serve, wait_for
 
 CONCURRENCY = 8
 WARMUP, SHORT, LONG = 5.0, 15.0, 300.0

@@ -97,9 +97,8 @@ def build_app(engine: LLMEngine, options: ServerOptions,
     :func:`glowlm.entrypoints.openai.engine_loop.engine_thread`).
     """
     names = options.served_model_names
-    metrics = ServerMetrics(names[0], log_stats=options.log_stats)
+    metrics = ServerMetrics(names[0])
     driver = AsyncEngine(engine, metrics, options.max_queue, executor)
-    metrics.snapshot_source = lambda: driver.snapshot  # for the periodic throughput line
     completions = OpenAIServingCompletion(driver, names, options)
     chat = OpenAIServingChat(driver, names, options.chat_template, options)
     created = int(time.time())
@@ -182,10 +181,6 @@ def build_app(engine: LLMEngine, options: ServerOptions,
     async def health() -> Response:
         if not driver.alive:
             return JSONResponse(error_body("the engine loop is not running", "server_error"),
-                                status_code=503)
-        dead = getattr(driver.engine, "dead_replicas", None)  # glowlm serve -dp N
-        if dead:
-            return JSONResponse(error_body("data-parallel " + "; ".join(dead), "server_error"),
                                 status_code=503)
         return Response(status_code=200)
 
