@@ -512,3 +512,57 @@ def test_glowlm_chat_and_complete_clients(server: Server) -> None:
     gone = subprocess.run([*cli, "chat", "--url", "http://127.0.0.1:9/v1", "-q", "x"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert gone.returncode == 2 and "no server answers" in gone.stderr
+
+
+# -- metrics -------------------------------------------------------------------------------
+
+
+def test_vllm_metric_names_and_prompt_tokens_count_cache_hits(server: Server,
+                                                              client: openai.OpenAI) -> None:
+    from glowlm.testing.server import scrape_metrics
+
+    prompt = [7 + i % 200 for i in range(70)]  # two full 32-token blocks to reuse
+    client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, extra_body=EXACT)
+    before = scrape_metrics(server.url, MODEL)
+    client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, extra_body=EXACT)
+    after = scrape_metrics(server.url, MODEL)
+    for prefix in ("vllm", "glowlm"):
+        assert after[f"{prefix}:prompt_tokens_total"] - before[f"{prefix}:prompt_tokens_total"] \
+            == 70  # every prompt token, the 64 cached ones included
+        assert after[f"{prefix}:prefix_cache_hits_total"] \
+            - before[f"{prefix}:prefix_cache_hits_total"] == 64
+        assert after[f"{prefix}:generation_tokens_total"] \
+            - before[f"{prefix}:generation_tokens_total"] == 3
+        for hist in ("time_to_first_token_seconds", "inter_token_latency_seconds",
+                     "e2e_request_latency_seconds", "request_queue_time_seconds",
+                     "request_prefill_time_seconds", "request_decode_time_seconds",
+                     "request_inference_time_seconds", "time_per_output_token_seconds"):
+            assert after[f"{prefix}:{hist}_count"] > before[f"{prefix}:{hist}_count"], hist
+        assert after[f"{prefix}:request_prompt_tokens_sum"] \
+            - before[f"{prefix}:request_prompt_tokens_sum"] == 70
+        for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+            assert f"{prefix}:{gauge}" in after
+        assert after[f'{prefix}:request_success_total{{finished_reason="length"}}'] \
+            > before[f'{prefix}:request_success_total{{finished_reason="length"}}']
+    computed = after["glowlm:prompt_tokens_computed_total"] \
+        - before["glowlm:prompt_tokens_computed_total"]
+    assert computed == 70 - 64
+    assert after["process_cpu_seconds_total"] > 0 and after["process_resident_memory_bytes"] > 0
+
+
+def test_periodic_throughput_log_line() -> None:
+    from glowlm.entrypoints.openai.metrics import EngineSnapshot, ServerMetrics
+
+    m = ServerMetrics("m")
+    snap = EngineSnapshot(num_running=2, num_waiting=1, num_unfinished=3,
+                          generation_tokens=500, kv_cache_usage=0.25)
+    m.snapshot_source = lambda: snap
+    start = m._last_log
+    m.observe({"prompt_tokens": [100, 100]})
+    assert m.maybe_log(start + 1) is None  # not yet 10 s
+    line = m.maybe_log(start + 10)
+    assert line is not None and line.startswith(
+        "Avg prompt throughput: 20.0 tokens/s, Avg generation throughput: 50.0 tokens/s, "
+        "Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 25.0%")
+    snap = EngineSnapshot(generation_tokens=500)
+    assert m.maybe_log(start + 20) is None  # idle: no line

@@ -158,9 +158,15 @@ def setup_kwargs(plugin: str, package: str) -> dict[str, Any]:
             start = time.perf_counter()
             super().run()
             info = {v.isa: source_hash(v) for v in variants}
-            for ext in self.extensions:
-                out = Path(self.get_ext_fullpath(ext.name)).parent / BUILD_INFO
-                out.write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+            # Beside the modules, and in the source package: an editable install
+            # (setuptools' editable mode) copies only the modules back into it.
+            build_py = self.get_finalized_command("build_py")
+            dirs = {Path(self.get_ext_fullpath(ext.name)).parent for ext in self.extensions}
+            dirs.add(Path(build_py.get_package_dir(package)))
+            for d in dirs:
+                if d.is_dir():
+                    (d / BUILD_INFO).write_text(json.dumps(info, indent=1, sort_keys=True)
+                                                + "\n")
             print(f"glowlm-{plugin}: built kernels {', '.join(info)} in "
                   f"{time.perf_counter() - start:.0f} s")
 

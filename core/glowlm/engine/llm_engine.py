@@ -31,6 +31,12 @@ from glowlm.sampling.processors import prepare_params, truncate_prompt
 logger = init_logger(__name__)
 
 LATENCY_SAMPLES = 100_000
+#: Per-request samples beside the latencies, for the server's metrics: time per output
+#: token, queue / prefill / decode / inference time (seconds), prompt and generated token
+#: counts when a request finishes, and every prompt's length when it is first scheduled
+#: ("prompt_tokens": vLLM counts prefix-cache hits as prompt tokens too).
+REQUEST_SAMPLES = ("tpot", "queue", "prefill", "decode", "inference", "prompt_len", "gen_len",
+                   "prompt_tokens")
 
 
 @dataclass
@@ -46,7 +52,7 @@ class EngineStats:
     #: Latency samples (seconds) since a consumer last drained them (the server does,
     #: every step); bounded so a long-lived offline engine does not grow without end.
     latencies: dict[str, deque[float]] = field(default_factory=lambda: {
-        kind: deque(maxlen=LATENCY_SAMPLES) for kind in ("ttft", "itl", "e2e")})
+        kind: deque(maxlen=LATENCY_SAMPLES) for kind in ("ttft", "itl", "e2e", *REQUEST_SAMPLES)})
 
 
 class LLMEngine:
@@ -186,6 +192,7 @@ class LLMEngine:
             m = item.seq.request.metrics
             if m is not None and m.first_scheduled_time is None:
                 m.first_scheduled_time = now
+                self.stats.latencies["prompt_tokens"].append(len(item.seq.request.prompt_token_ids))
         try:
             result = self.runner.execute(out)
         except RankFailure:
@@ -240,7 +247,25 @@ class LLMEngine:
                 if request.metrics is not None:
                     request.metrics.finished_time = now
                     self.stats.latencies["e2e"].append(now - request.metrics.arrival_time)
+                    self._request_samples(request, now)
         return list(touched.values())
+
+    def _request_samples(self, request: Request, now: float) -> None:
+        """Queue, prefill, decode and inference time and token counts of a finished request."""
+        m, lat = request.metrics, self.stats.latencies
+        assert m is not None
+        generated = sum(s.num_output_tokens for s in request.seqs)
+        lat["prompt_len"].append(len(request.prompt_token_ids))
+        lat["gen_len"].append(generated)
+        if m.first_scheduled_time is None or m.first_token_time is None:
+            return
+        lat["queue"].append(m.first_scheduled_time - m.arrival_time)
+        lat["prefill"].append(m.first_token_time - m.first_scheduled_time)
+        lat["decode"].append(now - m.first_token_time)
+        lat["inference"].append(now - m.first_scheduled_time)
+        first = request.seqs[0].num_output_tokens if request.seqs else 0
+        if first > 1:
+            lat["tpot"].append((now - m.first_token_time) / (first - 1))
 
     def _check_stop(self, seq: Sequence, token: int) -> None:
         params = seq.request.params

@@ -85,6 +85,7 @@ def scrape_metrics(url: str, model_name: str) -> dict[str, float]:
         if line and not line.startswith("#"):
             key, value = line.rsplit(" ", 1)
             key = key.replace(f'model_name="{model_name}",', "")
+            key = key.replace(f',model_name="{model_name}"', "")  # labels come sorted
             key = key.replace(f'{{model_name="{model_name}"}}', "")
             out[key] = float(value)
     return out

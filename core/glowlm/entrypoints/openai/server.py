@@ -97,8 +97,9 @@ def build_app(engine: LLMEngine, options: ServerOptions,
     :func:`glowlm.entrypoints.openai.engine_loop.engine_thread`).
     """
     names = options.served_model_names
-    metrics = ServerMetrics(names[0])
+    metrics = ServerMetrics(names[0], log_stats=options.log_stats)
     driver = AsyncEngine(engine, metrics, options.max_queue, executor)
+    metrics.snapshot_source = lambda: driver.snapshot  # for the periodic throughput line
     completions = OpenAIServingCompletion(driver, names, options)
     chat = OpenAIServingChat(driver, names, options.chat_template, options)
     created = int(time.time())
