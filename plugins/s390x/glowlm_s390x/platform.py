@@ -23,7 +23,9 @@ class S390xPlatform(CompiledKernelsPlatform, Platform):
     """Linux s390x with vxe. Experimental.
 
     dtypes: float32 first (the fallback), bfloat16, float16, all supported. The
-    quantization methods are those of x86 (AWQ, GPTQ 4-bit, compressed-tensors).
+    quantization methods are those of x86 (AWQ, GPTQ, compressed-tensors), registered by
+    :mod:`glowlm_s390x.quant`; they run core's reference matmuls until the shared kernel
+    tree builds the quantized kernels for s390x (docs/quantization.md).
     """
 
     name = "s390x"
