@@ -59,6 +59,59 @@ def test_bench_serve_reports_figures_and_saves_json(server: ServerProcess,
     assert all(len(itl) == 7 for itl in result["itls"])  # one chunk per token
 
 
+SHAREGPT = [
+    {"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Write a function number {i} that adds two numbers."},
+        {"from": "gpt", "value": "def add(a, b):\n    return a + b  # " + "x" * i}]}
+    for i in range(8)
+] + [{"id": "short", "conversations": [{"from": "human", "value": "hi"}]}]  # skipped
+
+
+def test_bench_serve_chat_sharegpt_percentiles_warmups_plots(server: ServerProcess,
+                                                             tmp_path: Path) -> None:
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps(SHAREGPT))
+    cmd = [sys.executable, "-m", "glowlm.entrypoints.cli.bench_serve", "--base-url",
+           server.url, "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+           "--dataset-name", "sharegpt", "--dataset-path", str(data), "--num-prompts", "5",
+           "--num-warmups", "2", "--max-concurrency", "2", "--percentile-metrics",
+           "ttft,e2el", "--metric-percentiles", "50,90", "--save-result", "--result-dir",
+           str(tmp_path / "results"), "--result-filename", "chat.json", "--plot"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "5/5" in run.stderr  # the progress bar
+    assert "P90 E2EL (ms):" in run.stdout and "TPOT" not in run.stdout
+    result = json.loads((tmp_path / "results" / "chat.json").read_text())
+    assert (result["completed"], result["failed"], result["num_prompts"]) == (5, 0, 5)
+    assert result["endpoint"] == "/v1/chat/completions" and result["dataset_name"] == "sharegpt"
+    assert {"p50_ttft_ms", "p90_ttft_ms", "p50_e2el_ms", "p90_e2el_ms"} <= set(result)
+    assert "p99_ttft_ms" not in result and "mean_tpot_ms" not in result
+    assert all(n > 0 for n in result["output_lens"])
+    assert sum(result["output_tokens_per_second_timeline"]) >= sum(result["output_lens"]) - 5
+    for png in ("chat-latency-cdf.png", "chat-throughput.png"):
+        assert (tmp_path / "results" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_serve_prefix_repetition_hits_the_cache(server: ServerProcess,
+                                                      tmp_path: Path) -> None:
+    from glowlm.testing.server import scrape_metrics
+
+    before = scrape_metrics(server.url, MODEL)["vllm:prefix_cache_hits_total"]
+    cmd = [sys.executable, "-m", "glowlm.entrypoints.cli.bench_serve", "--base-url",
+           server.url, "--dataset-name", "prefix-repetition", "--num-prompts", "6",
+           "--prefix-repetition-prefix-len", "64", "--prefix-repetition-suffix-len", "8",
+           "--prefix-repetition-num-prefixes", "2", "--prefix-repetition-output-len", "4",
+           "--max-concurrency", "1", "--disable-tqdm", "--save-result",
+           str(tmp_path / "r.json")]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "req/s]" not in run.stderr and "it/s]" not in run.stderr  # --disable-tqdm
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["completed"] == 6 and result["input_lens"] == [72] * 6
+    hits = scrape_metrics(server.url, MODEL)["vllm:prefix_cache_hits_total"] - before
+    assert hits >= 4 * 64  # each prefix's later requests reuse its two 32-token blocks
+
+
 def test_register_serve_bench_adds_the_subcommand() -> None:
     parser = argparse.ArgumentParser(prog="glowlm bench")
     bench_serve.register_serve_bench(parser.add_subparsers(dest="bench"))
