@@ -13,8 +13,8 @@ core's references (:mod:`glowlm.ops.reference`, the reference attention backend,
 - :func:`check_linear`: the unquantized linear method, decode and prefill shapes,
   against ``F.linear``;
 - :func:`check_model`: a tiny seeded checkpoint end to end through the engine on
-  this platform (its fused layer and stack ops included), against the same engine
-  on core's reference parts.
+  this platform (its own linear method and its fused layer and stack ops: the
+  measured linear choice is off), against the same engine on core's reference parts.
 
 A plugin's test file is a few lines (examples/glowlm-example/tests/test_contract.py)::
 
@@ -36,6 +36,7 @@ activations; the tiny models' logits span tens of nats).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -268,13 +269,23 @@ def _generate(platform: Platform, arch: str, dtype: torch.dtype) -> list[Any]:
                for n in (7, 45)]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1,
                             prompt_logprobs=1)
-    with use_platform(platform):
-        llm = LLM(str(tiny_model(arch)), platform=platform.name, dtype=dtype_name(dtype),
-                  **{**SMALL_ENGINE, "block_size": block})
-        try:
-            return llm.generate(prompts, params, use_tqdm=False)
-        finally:
-            del llm
+    # The platform's own parts, fused ops included: no measured linear choice, which
+    # may hand small layers to torch's F.linear (core's tests cover that choice).
+    saved = os.environ.get("GLOWLM_LINEAR_IMPL")
+    os.environ["GLOWLM_LINEAR_IMPL"] = "default"
+    try:
+        with use_platform(platform):
+            llm = LLM(str(tiny_model(arch)), platform=platform.name, dtype=dtype_name(dtype),
+                      **{**SMALL_ENGINE, "block_size": block})
+            try:
+                return llm.generate(prompts, params, use_tqdm=False)
+            finally:
+                del llm
+    finally:
+        if saved is None:
+            os.environ.pop("GLOWLM_LINEAR_IMPL", None)
+        else:
+            os.environ["GLOWLM_LINEAR_IMPL"] = saved
 
 
 def _prompt_logprobs(out: Any) -> list[float]:
