@@ -566,3 +566,18 @@ def test_periodic_throughput_log_line() -> None:
         "Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 25.0%")
     snap = EngineSnapshot(generation_tokens=500)
     assert m.maybe_log(start + 20) is None  # idle: no line
+
+
+def test_auto_tool_choice_without_parallel_calls_keeps_the_first(client: openai.OpenAI) -> None:
+    import re
+
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
+            '</tool_call><tool_call>{"name": "get_weather", "arguments": {"city": "Berlin", '
+            '"unit": "F"}}</tool_call>')
+    args: dict[str, Any] = dict(model=MODEL, messages=USER, tools=[WEATHER], max_tokens=400,
+                                extra_body={"structured_outputs": {"regex": re.escape(text)}})
+    both = client.chat.completions.create(**args).choices[0].message.tool_calls or []
+    one = client.chat.completions.create(**args, parallel_tool_calls=False)
+    calls = one.choices[0].message.tool_calls or []
+    assert len(both) == 2 and len(calls) == 1
+    assert json.loads(calls[0].function.arguments)["city"] == "Paris"

@@ -132,7 +132,6 @@ class OpenAIModel(BaseModel):
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
 
 
 class JsonSchemaFormat(OpenAIModel):
@@ -390,7 +389,6 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = True
     # vLLM's extras:
     add_generation_prompt: bool = True
-    continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")

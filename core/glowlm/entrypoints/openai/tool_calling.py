@@ -52,6 +52,7 @@ class ToolMode:
     kind: str                                 # "none" | "auto" | "required" | "named"
     parser: ToolParser | None = None
     name: str | None = None                   # the named function
+    parallel: bool = True                     # parallel_tool_calls: false keeps the first
     call_ids: dict[int, str] = field(default_factory=dict)  # named: one id per choice
 
     def constraint(self, req: ChatCompletionRequest) -> StructuredOutputsParams | None:
@@ -79,7 +80,8 @@ class ToolMode:
         if self.kind == "auto" and self.parser is not None:
             found = self.parser.extract_tool_calls(text)
             if found.tools_called:
-                return found.content, [_tool_call(c) for c in found.tool_calls], "tool_calls"
+                calls = found.tool_calls if self.parallel else found.tool_calls[:1]
+                return found.content, [_tool_call(c) for c in calls], "tool_calls"
         return text, [], finish_reason
 
     # -- streams -------------------------------------------------------------------------
@@ -137,6 +139,8 @@ class _StreamState:
             return {"tool_calls": self._call_deltas(calls)}
         if self.parser_state is not None:
             content, new = self.parser_state.update(text, finished)
+            if not self.mode.parallel:
+                new = new[:max(0, 1 - self.calls)]
             out: dict[str, Any] = {}
             if content:
                 out["content"] = content
@@ -174,5 +178,6 @@ def tool_mode(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None,
             raise APIError('"auto" tool choice requires --enable-auto-tool-choice and '
                            "--tool-call-parser to be set", param="tool_choice")
         return ToolMode("auto", parser=parser_cls(
-            [t.model_dump(exclude_none=True) for t in req.tools]))
+            [t.model_dump(exclude_none=True) for t in req.tools]),
+            parallel=req.parallel_tool_calls is not False)
     return ToolMode("none")
