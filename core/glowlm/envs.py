@@ -33,6 +33,8 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
     "GLOWLM_GGUF_CACHE": ("~/.cache/glowlm/gguf", "where a GGUF file's metadata is converted "
                                                  "to config and tokenizer files (once per file)"),
+    "GLOWLM_GGUF_DEQUANTIZE": ("0", "1: dequantize every GGUF tensor at load, even Q4_0/Q4_1/"
+                                    "Q8_0 blocks the platform could run natively"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
     "GLOWLM_KERNEL_ISA": ("", "pin a plugin's kernel ISA (x86: avx512, avx2, or portable, "
@@ -72,6 +74,7 @@ class Env:
     preload_applied: str
     kernel_cache: str
     gguf_cache: str
+    gguf_dequantize: bool
     disable_kernels: bool
     kernel_isa: str | None  # None: the plugin picks the best its CPU runs
     no_fused_layers: bool
@@ -133,6 +136,7 @@ def parse(environ: Mapping[str, str]) -> Env:
         preload_applied=raw("GLOWLM_PRELOAD_APPLIED").strip(),
         kernel_cache=os.path.expanduser(raw("GLOWLM_KERNEL_CACHE")),
         gguf_cache=os.path.expanduser(raw("GLOWLM_GGUF_CACHE")),
+        gguf_dequantize=_bool("GLOWLM_GGUF_DEQUANTIZE", raw("GLOWLM_GGUF_DEQUANTIZE")),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
         kernel_isa=raw("GLOWLM_KERNEL_ISA").strip().lower() or None,
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),

@@ -92,7 +92,19 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
     info = read_model_dir(config.model, config.revision, config.gguf_file)
     dtype = platform.resolve_dtype(info.dtype, config.dtype)
     config = platform.update_config(config)
-    quant = quantization.resolve(info.quantization_config, platform, config.quantization)
+    quant_cfg = info.quantization_config
+    if info.gguf_native and "gguf" not in quantization.implemented(platform):
+        # The gguf config comes from the file's block types, not from a checkpoint
+        # config: where the platform cannot run the blocks, they are dequantized.
+        logger.info("the %s platform runs no GGUF blocks natively: dequantizing them to %s "
+                    "at load", platform.name, dtype_name(dtype))
+        quant_cfg = None
+    elif info.gguf_native:
+        logger.info("GGUF: %d linear weights run natively as 4/8-bit blocks (Q4_0/Q4_1/"
+                    "Q8_0); the rest is dequantized to %s", len(info.gguf_native),
+                    dtype_name(dtype))
+    quant = quantization.resolve(quant_cfg, platform,
+                                 None if info.gguf_native else config.quantization)
     ops = platform.ops()
     if envs.get().no_fused_layers:
         ops = ops.without_fused()
@@ -120,9 +132,11 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
 
     # Threads are placed before any weight is touched, in the thread that runs the
     # model; a server that already bound its engine thread gets its plan back.
-    logger.info("%s", binding.apply_for_process(num_ranks=world, rank=rank,
+    # A data-parallel replica's ranks come after the earlier replicas' in the plan.
+    dp, first = config.data_parallel_size, config.data_parallel_rank * world
+    logger.info("%s", binding.apply_for_process(num_ranks=world * dp, rank=first + rank,
                                                 serving=config.online,
-                                                rebind=world > 1).describe())
+                                                rebind=world * dp > 1).describe())
     logger.info("%s", preload.describe())
     from glowlm.runtime.memory import plan_memory  # noqa: PLC0415 - runtime is optional here
 

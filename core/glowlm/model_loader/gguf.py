@@ -21,6 +21,7 @@ line naming the file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -83,7 +84,18 @@ _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
 
 
 def _reader(path: Path) -> Any:
-    """A ``gguf.GGUFReader`` for ``path``, or one readable line saying why not."""
+    """A ``gguf.GGUFReader`` for ``path`` (parsed once per file version: the header of a
+    large vocabulary takes seconds), or one readable line saying why not."""
+    try:
+        st = Path(path).stat()
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read ({exc.strerror})") from None
+    return _cached_reader(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_reader(name: str, size: int, mtime_ns: int) -> Any:
+    path = Path(name)
     try:
         import gguf
     except ImportError:
@@ -341,10 +353,25 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torc
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(shape)
 
 
-def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype
+def _rows(arch: str, name: str, n_head: int, n_kv: int, w: torch.Tensor) -> torch.Tensor:
+    """Undo the converter's per-row changes (Llama q/k permutation) on any row-major part."""
+    if arch == "llama" and n_head and ".q_proj." in name:
+        return _unpermute(w, n_head)
+    if arch == "llama" and n_head and ".k_proj." in name:
+        return _unpermute(w, n_kv)
+    return w
+
+
+def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype,
+                    native: frozenset[str] = frozenset()
                     ) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     """Yield ``(hf_name, load)`` for every tensor the model reads; ``load()`` dequantizes
-    that one tensor to ``dtype`` (floats) when called."""
+    that one tensor to ``dtype`` (floats) when called.
+
+    A weight whose layer is in ``native`` (HF module names, from
+    :func:`native_quant_config`) is yielded as its blocks instead: ``<layer>.gguf_q``,
+    ``.gguf_scales`` and ``.gguf_zeros`` (:mod:`glowlm.layers.quantization.gguf`).
+    """
     path = Path(path)
     reader = _reader(path)
     arch = field(reader, "general.architecture")
@@ -356,6 +383,10 @@ def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype
             continue
         # GGUF lists dimensions fastest-first; torch wants (rows, columns).
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        if name.endswith(".weight") and name.removesuffix(".weight") in native:
+            yield from _native_parts(path, t, name.removesuffix(".weight"), shape,
+                                     lambda n, w: _rows(arch, n, n_head, n_kv, w))
+            continue
 
         def load(t: Any = t, name: str = name, shape: tuple[int, ...] = shape) -> torch.Tensor:
             try:
@@ -363,15 +394,71 @@ def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype
             except (ValueError, RuntimeError) as exc:
                 raise ModelLoadError(f"{path}: cannot read tensor {t.name} "
                                      f"({t.tensor_type.name}, {shape}): {exc}") from None
-            if arch == "llama" and n_head and name.endswith(("q_proj.weight", "q_proj.bias")):
-                w = _unpermute(w, n_head)
-            elif arch == "llama" and n_head and name.endswith(("k_proj.weight", "k_proj.bias")):
-                w = _unpermute(w, n_kv)
+            w = _rows(arch, name, n_head, n_kv, w)
             if arch == "gemma3" and name.endswith("norm.weight"):
                 w = w - 1.0  # the converter stores Gemma's (1 + w); the model applies 1 + w
             return w.to(dtype)
 
         yield name, load
+
+
+def _native_parts(path: Path, t: Any, layer: str, shape: tuple[int, ...],
+                  rows: Callable[[str, torch.Tensor], torch.Tensor]
+                  ) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """The three block tensors of one natively run weight, split once on first use."""
+    from glowlm.layers.quantization.gguf import split_blocks
+
+    parts: dict[str, torch.Tensor] = {}
+
+    def get(key: str) -> torch.Tensor:
+        if not parts:
+            try:
+                q, scales, zeros = split_blocks(t.data, t.tensor_type.name, shape)
+            except (ValueError, RuntimeError) as exc:
+                raise ModelLoadError(f"{path}: cannot read tensor {t.name} "
+                                     f"({t.tensor_type.name}, {shape}): {exc}") from None
+            name = f"{layer}.weight"
+            parts.update(gguf_q=rows(name, q), gguf_scales=rows(name, scales),
+                         gguf_zeros=rows(name, zeros))
+        return parts.pop(key)
+
+    for key in ("gguf_q", "gguf_scales", "gguf_zeros"):
+        yield f"{layer}.{key}", (lambda key=key: get(key))
+
+
+def native_quant_config(path: str | Path, stacked: list[tuple[str, str, Any]]
+                        ) -> tuple[dict[str, Any] | None, frozenset[str]]:
+    """The ``gguf`` quantization config for the layers whose every part is a natively run
+    block type (Q4_0/Q4_1/Q8_0), and the HF module names of those parts.
+
+    ``stacked`` is the model's ``(fused, part, shard)`` list: q/k/v become ``qkv_proj``
+    only if all three are native types. 8-bit when any part is Q8_0 (4-bit values fit).
+    Embeddings and the LM head stay dense.
+    """
+    from glowlm.layers.quantization.gguf import NATIVE_TYPES
+
+    reader = _reader(Path(path))
+    arch = field(reader, "general.architecture")
+    types: dict[str, str] = {}
+    for t in reader.tensors:
+        name = hf_name(arch, t.name)
+        if name and name.endswith(".weight") and name.startswith("model.layers."):
+            types[name.removesuffix(".weight")] = t.tensor_type.name
+    fused_of = {part: fused for fused, part, _ in stacked}
+    groups: dict[str, list[str]] = {}
+    for module in types:
+        head, _, leaf = module.rpartition(".")
+        groups.setdefault(f"{head}.{fused_of.get(leaf, leaf)}", []).append(module)
+    layers: dict[str, int] = {}
+    native: set[str] = set()
+    for prefix, members in groups.items():
+        if prefix.endswith("norm") or any(types[m] not in NATIVE_TYPES for m in members):
+            continue
+        layers[prefix] = max(NATIVE_TYPES[types[m]] for m in members)
+        native.update(members)
+    if not layers:
+        return None, frozenset()
+    return {"quant_method": "gguf", "layers": layers}, frozenset(native)
 
 
 def count_tensors(path: str | Path) -> int:

@@ -46,6 +46,8 @@ class ModelDir:
     gguf_file: Path | None = None
     #: What the user named (a path, ``ORG/NAME``, ``default``), for log lines.
     source: str = ""
+    #: GGUF layers run natively (quantization_config is then the ``gguf`` one).
+    gguf_native: frozenset[str] = frozenset()
 
     @property
     def display(self) -> str:
@@ -100,6 +102,16 @@ def read_model_dir(path: str | Path | None, revision: str | None = None,
             raise ModelLoadError(f"{gen_file}: invalid JSON ({exc})") from None
         eos = gen.get("eos_token_id", eos)
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    quant = raw.get("quantization_config")
+    native: frozenset[str] = frozenset()
+    if source.gguf_file is not None and quant is None:
+        from glowlm import envs
+        from glowlm.model_loader import gguf
+
+        if not envs.get().gguf_dequantize:
+            cls = model_class(raw.get("architectures"))
+            quant, native = gguf.native_quant_config(source.gguf_file,
+                                                     getattr(cls, "stacked_params", []))
     max_pos = (getattr(hf_config, "max_position_embeddings", None)
                or getattr(hf_config, "n_positions", None) or 2048)
     return ModelDir(
@@ -108,8 +120,8 @@ def read_model_dir(path: str | Path | None, revision: str | None = None,
         generation_defaults={k: gen[k] for k in ("temperature", "top_p", "top_k",
                                                  "repetition_penalty") if k in gen},
         max_position_embeddings=int(max_pos),
-        quantization_config=raw.get("quantization_config"),
-        gguf_file=source.gguf_file, source=source.spec,
+        quantization_config=quant,
+        gguf_file=source.gguf_file, source=source.spec, gguf_native=native,
     )
 
 
@@ -120,8 +132,10 @@ def load_model(info: ModelDir, parts: ModelParts, allow_pickle: bool = False,
     if info.gguf_file is not None:
         from glowlm.model_loader import gguf
 
-        tensors = gguf.iterate_tensors(info.gguf_file, info.hf_config, parts.dtype)
-        total: int | None = gguf.count_tensors(info.gguf_file)
+        native = info.gguf_native if getattr(parts.quant_config, "name", "") == "gguf" \
+            else frozenset()
+        tensors = gguf.iterate_tensors(info.gguf_file, info.hf_config, parts.dtype, native)
+        total: int | None = gguf.count_tensors(info.gguf_file) + 2 * len(native)
     else:
         files = weight_files(info.path, allow_pickle)
         tensors = iterate_tensors(files, parts.dtype)

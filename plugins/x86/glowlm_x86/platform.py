@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 X86_MACHINES = ("x86_64", "amd64")
 #: Checkpoint quantization methods (``quant_method``) the x86 platform declares.
-X86_QUANTIZATION = ("awq", "gptq", "compressed-tensors")
+X86_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "gguf")
 AVX2_WARNING = ("AVX2-only CPU: the AVX-512 kernels are unavailable; attention and GEMM "
                 "use the slower AVX2 path")
 ZENTORCH_HINT = ("AMD Zen CPU with AVX-512 detected but zentorch is not installed: running "

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from glowlm.layers.quantization import QuantizationConfig
 from glowlm.layers.quantization.awq import AWQConfig
 from glowlm.layers.quantization.compressed_tensors import CompressedTensorsConfig
+from glowlm.layers.quantization.gguf import GGUFConfig
 from glowlm.layers.quantization.gptq import GPTQConfig
 
 if TYPE_CHECKING:
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from glowlm.platforms.interface import Platform
 
 FORMAT_CONFIGS: tuple[type[QuantizationConfig], ...] = (AWQConfig, GPTQConfig,
-                                                         CompressedTensorsConfig)
+                                                         CompressedTensorsConfig, GGUFConfig)
 
 
 def for_platform(platform_cls: type[Platform], kernels: Callable[[Platform], QuantKernels]
