@@ -39,6 +39,10 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    #: Engine replicas behind one server (glowlm serve -dp N); data_parallel_rank is which
+    #: replica this engine is (its ranks' place in the binding plan).
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
     served_model_name: str | None = None
     online: bool = False
 
@@ -83,7 +87,8 @@ class EngineConfig:
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("--max-model-len must be >= 1")
         for flag, size in (("--tensor-parallel-size", self.tensor_parallel_size),
-                           ("--pipeline-parallel-size", self.pipeline_parallel_size)):
+                           ("--pipeline-parallel-size", self.pipeline_parallel_size),
+                           ("--data-parallel-size", self.data_parallel_size)):
             if not isinstance(size, int) or size < 1:
                 raise ConfigError(f"{flag} must be an integer >= 1, got {size!r}")
         if self.kv_cache_space_gib is not None and self.kv_cache_space_gib <= 0:

@@ -49,6 +49,12 @@ class LLM:
             model = default_model_path()
         show = kwargs.pop("show_progress", True)
         self.config = EngineConfig.create(model, online=False, **kwargs)
+        if self.config.data_parallel_size > 1:
+            from glowlm.errors import ConfigError
+
+            raise ConfigError("data parallelism runs behind the API server (glowlm serve -dp N); "
+                              "LLM(...) runs one engine (tensor_parallel_size / "
+                              "pipeline_parallel_size for more ranks)")
         self.engine = LLMEngine(self.config, show_progress=show)
         self._counter = 0
 

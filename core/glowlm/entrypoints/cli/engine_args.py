@@ -93,6 +93,10 @@ def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
     par.add_argument("-pp", "--pipeline-parallel-size", type=int, metavar="N",
                      help="pipeline stages, the model's layers split between them; combines "
                           "with -tp (TP x PP ranks; default 1)")
+    if online:
+        par.add_argument("-dp", "--data-parallel-size", type=int, metavar="N",
+                         help="engine replicas (processes) behind this server, each with its "
+                              "own TP x PP ranks; requests go to the least loaded (default 1)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,7 +107,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "max_model_len",
             "block_size", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
             "allow_pickle", "seed")
-    keys = (*keys, "tensor_parallel_size", "pipeline_parallel_size")
+    keys = (*keys, "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 

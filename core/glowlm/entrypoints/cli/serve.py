@@ -312,7 +312,12 @@ def run(args: argparse.Namespace) -> int:
     executor = engine_thread()
     try:
         logger.info(executor.submit(apply_thread_binding).result())
-        engine = executor.submit(LLMEngine, config).result()
+        if config.data_parallel_size > 1:  # replicas in their own processes
+            from glowlm.distributed.dp import DPEngine
+
+            engine = executor.submit(DPEngine, config).result()
+        else:
+            engine = executor.submit(LLMEngine, config).result()
     except KeyboardInterrupt:
         logger.warning("interrupted while loading the model; exiting")
         os._exit(130)  # the engine thread cannot be interrupted; do not wait for it
