@@ -110,7 +110,7 @@ def test_tp4_replicates_kv_heads(tiny_model_dir) -> None:  # noqa: ANN001
 
 
 def test_tp_that_does_not_divide_heads_is_refused(tiny_model_dir) -> None:  # noqa: ANN001
-    with pytest.raises(Exception, match="not divisible|cannot be split"):
+    with pytest.raises(ConfigError, match="does not divide the model.s 4 attention heads"):
         LLM(str(tiny_model_dir("llama")), tensor_parallel_size=3, **ENGINE)
 
 

@@ -62,7 +62,9 @@ class LLMEngine:
         link = None
         if config.world_size > 1:
             from glowlm.distributed.executor import Executor
+            from glowlm.distributed.parallel import check_layout
 
+            check_layout(config)  # before any rank process starts
             self.executor = Executor(config)
             link = self.executor.link()
         try:
