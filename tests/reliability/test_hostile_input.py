@@ -184,3 +184,41 @@ def test_hostile_requests_are_4xx_naming_the_field(server: Any, canary: Path) ->
     assert not failures, "\n".join(map(repr, failures))
     assert not opened, f"the server opened files a request named: {opened}"
     assert wait_for(lambda: kv_idle(server), 10) is not None
+
+
+def test_huge_prompts_cost_their_senders(server: Any) -> None:
+    """Four 7 MB prompts (under the body limit, far over the context) at once with a
+    4-token request, twice: the prompts get their 400 by length without being
+    tokenized and the small request is served meanwhile. Figures: the small
+    request's latency in each round, the server's RSS before and after each round
+    (the second round reuses what the first took: the body limit bounds it)."""
+    import threading
+    import time
+
+    from reliability_harness import rss_bytes
+
+    huge = json.dumps({"model": MODEL, "prompt": "def f(x): return x\n" * 370_000}).encode()
+    rss = [rss_bytes(server.proc.pid)]
+    small: list[float] = []
+    statuses: list[int] = []
+
+    def send() -> None:
+        r = httpx.post(server.url + CMPL, content=huge, headers=AUTH, timeout=120)
+        statuses.append(r.status_code)
+
+    for _ in range(2):
+        threads = [threading.Thread(target=send) for _ in range(4)]
+        for t in threads:
+            t.start()
+        start = time.perf_counter()
+        r = httpx.post(server.url + CMPL, headers=AUTH, timeout=120, json={
+            "model": MODEL, "prompt": "ok", "max_tokens": 4, "ignore_eos": True})
+        small.append(round(time.perf_counter() - start, 3))
+        for t in threads:
+            t.join(120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        rss.append(rss_bytes(server.proc.pid))
+    record("huge_prompts_small_request_seconds", small)
+    record("huge_prompts_rss_mib_before_round1_round2", [round(x / 2**20, 1) for x in rss])
+    assert statuses == [400] * 8
+    assert healthy(server)
