@@ -18,8 +18,10 @@ decompresses the checkpoint itself) computes from that checkpoint in float32: th
 log-probabilities and greedy tokens the tests compare glowlm against. The same tool
 therefore writes the format and gives the reference, independently of glowlm's parser.
 
-``--bench .bench_models/llama-1b-rand`` instead writes quantized copies of a benchmark
-checkpoint (W4A16 group 128 and W8A8 dynamic, round-to-nearest) beside it, for
+``--gptqmodel`` (run with a venv holding GPTQModel and torch 2.13, e.g.
+``pip install -c <(echo torch==2.13.0) gptqmodel`` -> 7.6.0) writes the classic GPTQ
+layout fixtures instead. ``--bench .bench_models/llama-1b-rand`` writes quantized
+copies of a benchmark checkpoint (W4A16 group 128 and W8A8 dynamic, round-to-nearest) beside it, for
 ``glowlm bench roofline/throughput`` (docs/quantization.md).
 """
 
@@ -201,17 +203,69 @@ def make_bench(source: Path, out_dir: Path, schemes: list[str]) -> None:
         print(f"{target}: {size} MiB")
 
 
+#: Classic GPTQ layout (qweight/qzeros/scales/g_idx, checkpoint_format gptq) by GPTQModel,
+#: run in its own venv (``--gptqmodel``): name -> (base model, bits, desc_act, sym).
+GPTQMODEL_RECIPES: dict[str, tuple[str, int, bool, bool]] = {
+    "gptqmodel-w4-g32-asym-desc-act": ("llama", 4, True, False),
+    "gptqmodel-w4-g32-sym": ("qwen2", 4, False, True),
+}
+
+
+def make_gptqmodel(name: str, out_dir: Path, work: Path) -> None:
+    """GPTQModel's export, with transformers on the weights GPTQModel itself dequantizes
+    as the reference (GPTQModel 7.6's own CPU forward of a desc_act layer disagrees with
+    its ``dequantize_weight``; the dequantized weights are the format's meaning)."""
+    import torch
+    from gptqmodel import GPTQModel, QuantizeConfig
+    from transformers import AutoModelForCausalLM
+
+    kind, bits, desc_act, sym = GPTQMODEL_RECIPES[name]
+    base = work / f"base-{kind}"
+    if not base.exists():
+        _base_model(kind, base)
+    g = torch.Generator().manual_seed(1)
+    calib = [{"input_ids": torch.randint(3, 384, (48,), generator=g).tolist(),
+              "attention_mask": [1] * 48} for _ in range(16)]
+    model = GPTQModel.load(str(base), QuantizeConfig(bits=bits, group_size=32,
+                                                     desc_act=desc_act, sym=sym), device="cpu")
+    model.quantize(calib, batch_size=4)
+    target = out_dir / name
+    shutil.rmtree(target, ignore_errors=True)
+    model.save(str(target))
+    (target / "quant_log.csv").unlink(missing_ok=True)
+    quantized = GPTQModel.load(str(target), device="cpu", dtype=torch.float32)
+    dense = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    state = dense.state_dict()
+    with torch.no_grad():
+        for mod_name, mod in quantized.model.named_modules():
+            if hasattr(mod, "dequantize_weight"):  # [in, out]
+                state[f"{mod_name}.weight"].copy_(mod.dequantize_weight().float().t())
+                if getattr(mod, "bias", None) is not None:
+                    state[f"{mod_name}.bias"].copy_(mod.bias.float())
+    dense_dir = work / f"dense-{name}"
+    dense.save_pretrained(dense_dir)
+    (target / "reference.json").write_text(json.dumps(_reference(dense_dir)) + "\n")
+    print(f"{name}: {sum(f.stat().st_size for f in target.iterdir()) // 1024} KiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--only", nargs="*", choices=sorted(RECIPES))
     parser.add_argument("--work", type=Path, default=Path("/tmp/glowlm-quant-work"))
+    parser.add_argument("--only-gptqmodel", nargs="*", choices=sorted(GPTQMODEL_RECIPES))
+    parser.add_argument("--gptqmodel", action="store_true",
+                        help="the classic GPTQ fixtures, with GPTQModel (run in its venv)")
     parser.add_argument("--bench", type=Path, metavar="MODEL_DIR",
                         help="quantize this benchmark checkpoint instead of the fixtures")
     parser.add_argument("--schemes", nargs="*", choices=sorted(BENCH_SCHEMES),
                         default=sorted(BENCH_SCHEMES))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.gptqmodel:
+        for name in args.only_gptqmodel or GPTQMODEL_RECIPES:
+            make_gptqmodel(name, args.out, args.work)
+        return
     if args.bench is not None:
         make_bench(args.bench, args.out, args.schemes)
         return
