@@ -3,9 +3,9 @@
 The checkpoints in ``fixtures/quant`` were written by llm-compressor (compressed-tensors)
 and GPTQModel (the classic GPTQ layout), see ``tools/make_quant_checkpoints.py``, and each
 carries ``reference.json``: what transformers computes in float32 from the tool's own
-decompression (compressed-tensors; GPTQModel's ``dequantize_weight``). The end-to-end test runs glowlm's *reference* kernels (pure PyTorch) in a
-subprocess with ``GLOWLM_DISABLE_KERNELS=1``; the compiled kernels have their own tests
-in the x86 plugin.
+decompression (compressed-tensors; GPTQModel's ``dequantize_weight``). The end-to-end
+test runs glowlm's *reference* kernels (pure PyTorch) in a subprocess with
+``GLOWLM_DISABLE_KERNELS=1``; the compiled kernels have their own tests in the x86 plugin.
 """
 
 from __future__ import annotations
