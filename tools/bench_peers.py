@@ -360,7 +360,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--serve-prompts", type=int, default=64)
     p.add_argument("--serve-concurrency", type=int, default=8)
     p.add_argument("--kv-cache-gib", type=float, default=4,
-                   help="KV cache of glowlm and vLLM alike (GLOWLM_/VLLM_CPU_KVCACHE_SPACE)")
+                   help="KV cache of glowlm and vLLM alike (GLOWLM_/VLLM_CPU_KVCACHE_SPACE; "
+                        "vLLM takes whole GiB, at least 1)")
     p.add_argument("--glowlm-bin", default=str(REPO / ".venv" / "bin" / "glowlm"))
     p.add_argument("--vllm-venv", default=str(REPO / ".venv-vllm"))
     p.add_argument("--gguf-dir", type=Path, default=None,

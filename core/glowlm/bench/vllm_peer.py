@@ -70,7 +70,7 @@ def vllm_env(venv: str | Path, threads: int, kv_cache_gib: float = 4,
         preload.append(env["LD_PRELOAD"])
     if preload:
         env["LD_PRELOAD"] = ":".join(preload)
-    env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))  # whole GiB only
     env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")

@@ -24,8 +24,11 @@ ENGINE = dict(kv_cache_space_gib=0.05, block_size=32, show_progress=False, max_m
 
 
 @pytest.fixture(autouse=True)
-def kernels() -> None:
+def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     require_kernels()
+    # The module path must run the fused ops' own kernels (glowlm's GEMV/GEMM), not the
+    # measured choice's winners, which can be torch's F.linear on these tiny shapes.
+    monkeypatch.setenv("GLOWLM_LINEAR_IMPL", "glowlm")
 
 
 def _run(model: Path, dtype: str) -> tuple[list[list[int]], list[list[float]], str]:
