@@ -53,6 +53,9 @@ class SamplingParams:
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    #: The most logprobs / prompt_logprobs allowed: vLLM's default 20; the server passes
+    #: its --max-logprobs.
+    max_logprobs: int = field(default=20, repr=False)
     # Filled by the engine, not by users:
     stop_strings: list[str] = field(default_factory=list, init=False, repr=False)
     #: ``bad_words`` as token ids (each word with and without a leading space).
@@ -107,8 +110,10 @@ class SamplingParams:
             raise bad("stop_token_ids", "must be a list of non-negative integers")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise bad(name, f"must be an integer >= 0, got {value!r}")
+            if value is not None and (not isinstance(value, int)
+                                      or not 0 <= value <= self.max_logprobs):
+                raise bad(name, f"must be an integer in [0, {self.max_logprobs}], got "
+                          f"{value!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise bad(name, f"must be in [-2, 2], got {getattr(self, name)}")

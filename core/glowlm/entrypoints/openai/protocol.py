@@ -259,7 +259,8 @@ class SamplingRequest(OpenAIModel):
 
     def to_sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
                            prompt_logprobs: int | None,
-                           defaults: dict[str, Any] | None = None) -> SamplingParams:
+                           defaults: dict[str, Any] | None = None,
+                           max_logprobs: int = 20) -> SamplingParams:
         """SamplingParams for this request; fields it leaves out take ``defaults``
         (``--generation-config``), then OpenAI's defaults, as vLLM applies them."""
         d = defaults or {}
@@ -291,7 +292,8 @@ class SamplingRequest(OpenAIModel):
             logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias
             else None,
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
-            truncate_prompt_tokens=self.truncate_prompt_tokens, structured_outputs=spec)
+            truncate_prompt_tokens=self.truncate_prompt_tokens, structured_outputs=spec,
+            max_logprobs=max_logprobs)
 
 
 class CompletionRequest(SamplingRequest):

@@ -213,7 +213,7 @@ class OpenAIServing:
         try:
             params = req.to_sampling_params(
                 max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                defaults=self.generation_defaults)
+                defaults=self.generation_defaults, max_logprobs=self.max_logprobs)
             params.check_vocab(self.vocab_size)
             return params
         except RequestError as exc:
