@@ -23,7 +23,7 @@ def test_z15_matches_with_vxe_as_experimental() -> None:
     assert p.capabilities.isa == "vxe" and "vxe" in p.match.reason
     assert p.capabilities.status == "experimental"
     assert p.capabilities.dtypes == (torch.float32, torch.bfloat16, torch.float16)
-    assert p.capabilities.quantization == ("awq", "gptq", "compressed-tensors")
+    assert p.capabilities.quantization == ("awq", "gptq", "compressed-tensors", "gguf")
     notes = [n for n in p.startup_notes() if not n.startswith("glowlm-s390x:")]
     assert notes == ["the s390x platform is experimental"]
 

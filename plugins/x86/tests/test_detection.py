@@ -71,7 +71,7 @@ def test_amd64_spelling_is_accepted_on_linux() -> None:
 def test_capabilities_prefer_bfloat16_and_declare_quantization() -> None:
     caps = selected(host("x86_64-icelake-xeon-8375c.cpuinfo")).capabilities
     assert caps.dtypes == (torch.bfloat16, torch.float32, torch.float16)
-    assert caps.quantization == ("awq", "gptq", "compressed-tensors")
+    assert caps.quantization == ("awq", "gptq", "compressed-tensors", "gguf")
     assert caps.status == "supported"
 
 
