@@ -101,7 +101,7 @@ def source_hash(variant: Variant) -> str:
     """Hash of the tree, the variant's flags, and the torch and Python versions."""
     import torch
 
-    h = hashlib.sha256()
+    h = hashlib.sha256(" ".join(TORCH_SOURCES).encode())  # which files the module links
     for path in tree_files():
         h.update(path.relative_to(CSRC).as_posix().encode())
         h.update(path.read_bytes())
