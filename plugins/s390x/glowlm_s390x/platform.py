@@ -24,8 +24,8 @@ class S390xPlatform(CompiledKernelsPlatform, Platform):
 
     dtypes: float32 first (the fallback), bfloat16, float16, all supported. The
     quantization methods are those of x86 (AWQ, GPTQ, compressed-tensors), registered by
-    :mod:`glowlm_s390x.quant`; they run core's reference matmuls until the shared kernel
-    tree builds the quantized kernels for s390x (docs/quantization.md).
+    :mod:`glowlm_s390x.quant`; they run core's reference matmuls (the compiled
+    module's quantized ops are not wired yet; docs/quantization.md).
     """
 
     name = "s390x"

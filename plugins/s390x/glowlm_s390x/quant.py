@@ -1,8 +1,9 @@
 """The quantized linear methods on IBM Z: core's formats with core's reference matmuls.
 
-The s390x plugin has no compiled kernels yet (they come with the shared CPU kernel
-tree), so AWQ, GPTQ and compressed-tensors checkpoints load and run through core's
-pure-PyTorch reference (:mod:`glowlm.layers.quantization.kernels`): correct, slow.
+The shared kernel tree compiles ``quant_linear.cpp`` into the s390x module too, but
+those ops are not called here yet (they are not tested under emulation), so AWQ, GPTQ,
+compressed-tensors and GGUF checkpoints run through core's pure-PyTorch reference
+(:mod:`glowlm.layers.quantization.kernels`): correct, slow.
 """
 
 from __future__ import annotations
