@@ -176,6 +176,9 @@ def test_sigterm_stops_every_rank(tiny_model_dir, tmp_path) -> None:  # noqa: AN
         while time.monotonic() < deadline and any(_alive(c) for c in children):
             time.sleep(0.1)
         assert not any(_alive(c) for c in children)
+        import glob
+
+        assert not glob.glob(f"/dev/shm/glowlm-{proc.pid}-*")  # segments unlinked early
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -165,6 +165,7 @@ class Executor:
         self.addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         self.port = int(os.environ.get("MASTER_PORT") or _free_port())
         self._stopping = False
+        self._in_loop = False
         self._failure: str | None = None
         self.procs: list[Any] = []
         self.conns: list[Any] = []
@@ -239,6 +240,9 @@ class Executor:
     def planned(self) -> None:
         """Driver planned its memory: wait for every rank's plan, then let all load."""
         self._collect("planned")
+        # Every rank mapped its segments before planning: drop the names now, so even a
+        # driver killed later (SIGKILL, SIGTERM) leaves nothing in /dev/shm.
+        self.layout.unlink()
         self._send_all(("load", None))
 
     def agree_blocks(self, local: int) -> int:
@@ -273,7 +277,7 @@ class Executor:
                 line = (f"rank {rank} (pid {proc.pid}) {_exit_description(proc.exitcode)}; "
                         f"stopped all {self.world} ranks")
                 self._failure = line
-                if getattr(self, "_in_loop", False):  # during start-up _collect says it
+                if self._in_loop:  # during start-up _collect says it
                     logger.error("%s", line)
                 self.comms.abort(line)
                 self._terminate()
@@ -301,7 +305,7 @@ class Executor:
         if comms is not None and self._failure is None and all(p.is_alive() for p in self.procs):
             with contextlib.suppress(Exception):
                 # Only reaches ranks already in their step loop; others get SIGTERM below.
-                if getattr(self, "_in_loop", False):
+                if self._in_loop:
                     self.broadcast(None)
                     deadline = time.monotonic() + 5.0
                     for p in self.procs:
@@ -318,7 +322,6 @@ class Executor:
 
     def started_loop(self) -> None:
         self._in_loop = True
-        self.layout.unlink()  # every rank mapped its segments: nothing left to leak
 
 
 class DriverLink:
