@@ -51,7 +51,8 @@ def test_json_describes_a_recorded_zen4_host(capsys: pytest.CaptureFixture[str])
     assert names[0] == "zen" and "generic" in names
     x86 = next(c for c in data["candidates"] if c["name"] == "x86")
     assert x86["distribution"] == "glowlm-x86" and x86["version"] == "0.1.0"
-    assert x86["matched"] and x86["quantization"] == ["awq", "gptq", "compressed-tensors"]
+    assert x86["matched"] and x86["quantization"] == ["awq", "gptq", "compressed-tensors",
+                                                 "gguf"]
 
 
 def test_text_has_one_line_per_candidate_and_the_selection(
