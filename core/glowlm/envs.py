@@ -37,9 +37,6 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
                                     "Q8_0 blocks the platform could run natively"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
-    "GLOWLM_KERNEL_ISA": ("", "pin a plugin's kernel ISA (x86: avx512, avx2, or portable, "
-                              "the plain-C++ porting reference); default: the best the CPU "
-                              "runs"),
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
                                     "a platform's fused layer or stack op"),
     "GLOWLM_LINEAR_IMPL": ("", "pin one linear implementation (glowlm, torch, zentorch, ...) "
@@ -76,7 +73,6 @@ class Env:
     gguf_cache: str
     gguf_dequantize: bool
     disable_kernels: bool
-    kernel_isa: str | None  # None: the plugin picks the best its CPU runs
     no_fused_layers: bool
     linear_impl: str | None  # None: measure; "default": off; else a candidate name
     linear_choice_cache: str
@@ -138,7 +134,6 @@ def parse(environ: Mapping[str, str]) -> Env:
         gguf_cache=os.path.expanduser(raw("GLOWLM_GGUF_CACHE")),
         gguf_dequantize=_bool("GLOWLM_GGUF_DEQUANTIZE", raw("GLOWLM_GGUF_DEQUANTIZE")),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
-        kernel_isa=raw("GLOWLM_KERNEL_ISA").strip().lower() or None,
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),
         linear_impl=raw("GLOWLM_LINEAR_IMPL").strip().lower() or None,
         linear_choice_cache=os.path.expanduser(raw("GLOWLM_LINEAR_CHOICE_CACHE")),

@@ -19,10 +19,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from glowlm.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
-from glowlm.attention.reference import ReferenceAttentionBackend
-from glowlm.layers.linear import UnquantizedLinearMethod
-from glowlm.ops.table import OpsTable
+from glowlm.plugin_api import (
+    AttentionBackend,
+    AttentionLayerSpec,
+    AttentionMetadata,
+    OpsTable,
+    ReferenceAttentionBackend,
+    UnquantizedLinearMethod,
+)
 from torch import nn
 
 from glowlm_kernels import build
@@ -58,15 +62,14 @@ class PluginKernels:
 
     def library(self) -> build.KernelLibrary | None:
         """The loaded module, or None (``why_not`` says why; the platform runs reference)."""
-        from glowlm import envs
-        from glowlm.platforms import host as host_info
+        from glowlm.plugin_api import core_env, live_host
 
         with self._lock:
             if self._tried:
                 return self._library
             self._tried = True
-            env = envs.get()
-            isa = None if env.disable_kernels else self.choose(host_info.live())
+            env = core_env()
+            isa = None if env.disable_kernels else self.choose(live_host())
             if env.disable_kernels:
                 self.why_not = "GLOWLM_DISABLE_KERNELS=1"
             elif isa is None:
@@ -165,7 +168,7 @@ class CompiledKernelsPlatform:
     def compiled(self) -> PluginKernels | None:
         import dataclasses
 
-        from glowlm.logger import init_logger
+        from glowlm.plugin_api import init_logger
 
         if not hasattr(self, "_plugin_kernels"):
             self._plugin_kernels = PluginKernels(
@@ -188,9 +191,9 @@ class CompiledKernelsPlatform:
         """
         pk = getattr(self, "_plugin_kernels", None)
         if pk is None or not pk._tried:
-            from glowlm.platforms import host as host_info
+            from glowlm.plugin_api import live_host
 
-            isa = self.kernel_variant(host_info.live())
+            isa = self.kernel_variant(live_host())
             if isa is None:
                 return (f"glowlm-{self.kernel_plugin}: compiled kernels for this CPU family; "
                         "this process's CPU is not one, so an engine here runs core's "

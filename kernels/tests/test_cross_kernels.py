@@ -23,10 +23,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from glowlm import envs
-from glowlm.attention.backend import AttentionLayerSpec, AttentionMetadata
-from glowlm.attention.reference import ReferenceAttentionBackend
-from glowlm.ops import reference
+from glowlm.plugin_api import (
+    AttentionLayerSpec,
+    AttentionMetadata,
+    ReferenceAttentionBackend,
+    core_env,
+)
+from glowlm.plugin_api import reference_ops as reference
 from glowlm_kernels.build import CSRC
 
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -239,7 +242,7 @@ def _driver(target: str) -> Path:
     h = hashlib.sha256(" ".join((cxx, *flags)).encode())
     for p in sources:
         h.update(p.read_bytes())
-    out = Path(envs.get().kernel_cache) / "cross" / f"{target}-{h.hexdigest()[:16]}"
+    out = Path(core_env().kernel_cache) / "cross" / f"{target}-{h.hexdigest()[:16]}"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")

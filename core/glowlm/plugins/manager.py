@@ -34,7 +34,7 @@ logger = init_logger(__name__)
 ENTRY_POINT_GROUP = "glowlm.plugins"
 
 #: A plugin module that declares no ``GLOWLM_PLUGIN_API`` is refused.
-REQUIRE_API_DECLARATION = False
+REQUIRE_API_DECLARATION = True
 
 
 @dataclass

@@ -8,8 +8,7 @@ Linux on a Mac) is the Arm platform's, never this one's.
 from __future__ import annotations
 
 import torch
-from glowlm.platforms.host import HostInfo
-from glowlm.platforms.interface import Capabilities, Match, Platform
+from glowlm.plugin_api import Capabilities, HostInfo, Match, Platform
 
 EXPERIMENTAL_NOTE = ("the apple platform is experimental: Apple silicon runs core's CPU "
                      "reference kernels (NEON through torch, no Metal; glowlm's compiled "

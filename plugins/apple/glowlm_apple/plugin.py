@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from glowlm.platforms.interface import Platform
-from glowlm.plugins.hookspecs import hookimpl
+from glowlm.plugin_api import Platform, hookimpl
 
 from glowlm_apple.platform import ApplePlatform
+
+#: The glowlm plugin API this plugin is built for (checked at discovery).
+GLOWLM_PLUGIN_API = "1.0"
 
 
 @hookimpl

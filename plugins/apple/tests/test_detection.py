@@ -1,16 +1,16 @@
-"""Apple silicon detection against recorded hosts (core/tests/fixtures/hosts)."""
+"""Apple silicon detection against recorded hosts (glowlm.testing.hosts)."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
-from glowlm.platforms.host import HostInfo, from_dump
+from glowlm.plugin_api import HostInfo, from_dump
+from glowlm.testing.hosts import HOSTS_DIR
 from glowlm_apple.platform import ApplePlatform
 
-HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+HOSTS = HOSTS_DIR  # the recorded hosts glowlm ships (glowlm.testing.hosts)
 M2 = HOSTS / "arm64-apple-m2.sysctl"
 
 

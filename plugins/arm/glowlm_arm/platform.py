@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from glowlm.platforms.host import HostInfo
-from glowlm.platforms.interface import Capabilities, Match, Platform
+from glowlm.plugin_api import Capabilities, HostInfo, Match, Platform
 from glowlm_kernels.parts import OP_NAMES, CompiledKernelsPlatform
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from glowlm.platforms.host import HostInfo
-from glowlm.platforms.interface import Capabilities, Match, Platform
+from glowlm.plugin_api import Capabilities, HostInfo, Match, Platform
 from glowlm_kernels.parts import OP_NAMES, CompiledKernelsPlatform
 
 NO_VXE = ("needs the vector-enhancements facility (vxe, z15 or newer; z14 also has it); "

@@ -8,9 +8,9 @@ compressed-tensors and GGUF checkpoints run through core's pure-PyTorch referenc
 
 from __future__ import annotations
 
-from glowlm.layers.quantization import QuantizationConfig
-from glowlm.layers.quantization.formats import for_platform
-from glowlm.layers.quantization.kernels import REFERENCE_KERNELS
+from glowlm.plugin_api import REFERENCE_QUANT_KERNELS as REFERENCE_KERNELS
+from glowlm.plugin_api import QuantizationConfig
+from glowlm.plugin_api import quantization_for_platform as for_platform
 
 from glowlm_s390x.platform import S390xPlatform
 

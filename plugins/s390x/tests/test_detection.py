@@ -1,15 +1,14 @@
-"""IBM Z detection against recorded hosts (core/tests/fixtures/hosts)."""
+"""IBM Z detection against recorded hosts (glowlm.testing.hosts)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from glowlm.platforms.host import HostInfo, from_dump
+from glowlm.plugin_api import HostInfo, from_dump
+from glowlm.testing.hosts import HOSTS_DIR
 from glowlm_s390x.platform import S390xPlatform
 
-HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+HOSTS = HOSTS_DIR  # the recorded hosts glowlm ships (glowlm.testing.hosts)
 
 
 def selected(h: HostInfo) -> S390xPlatform:

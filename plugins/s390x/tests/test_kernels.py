@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from glowlm.platforms import host as host_info
-from glowlm.platforms.host import from_dump
+from glowlm.plugin_api import from_dump
+from glowlm.testing.hosts import HOSTS_DIR
 from glowlm_kernels.parts import OP_NAMES
 from glowlm_s390x.platform import S390xPlatform
 
-HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+HOSTS = HOSTS_DIR  # the recorded hosts glowlm ships (glowlm.testing.hosts)
 Z14 = HOSTS / "s390x-z14.cpuinfo"
 Z15 = HOSTS / "s390x-z15.cpuinfo"
 
@@ -39,7 +39,7 @@ def test_the_live_cpu_picks_the_variant() -> None:
 def test_a_recorded_host_on_another_cpu_runs_reference_and_says_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A z15 recorded, replayed on an x86 CPU: its z15 module cannot run here.
-    monkeypatch.setattr(host_info, "live", lambda: from_dump(
+    monkeypatch.setattr("glowlm.platforms.host.live", lambda: from_dump(
         HOSTS / "x86_64-icelake-xeon-8375c.cpuinfo"))
     p = _platform(Z15)
     assert p.ops().replaced() == []

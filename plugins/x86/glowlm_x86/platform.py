@@ -13,15 +13,19 @@ import threading
 from typing import TYPE_CHECKING
 
 import torch
-from glowlm import envs
-from glowlm.platforms import host as host_info
-from glowlm.platforms.host import HostInfo
-from glowlm.platforms.interface import Capabilities, Match, Platform
+from glowlm.plugin_api import (
+    Capabilities,
+    HostInfo,
+    Match,
+    Platform,
+    core_env,
+    live_host,
+)
+
+from glowlm_x86.settings import KERNEL_ISA
 
 if TYPE_CHECKING:
-    from glowlm.attention.backend import AttentionBackend
-    from glowlm.layers.linear import LinearMethod
-    from glowlm.ops.table import OpsTable
+    from glowlm.plugin_api import AttentionBackend, LinearMethod, OpsTable
 
     from glowlm_x86.kernels import KernelLibrary
 
@@ -111,8 +115,8 @@ class X86Platform(Platform):
         """
         from glowlm_x86.kernels import cpu_isa
 
-        return cpu_isa(host_info.live(), allow_avx512=self.capabilities.isa == "avx512",
-                       requested=envs.get().kernel_isa)
+        return cpu_isa(live_host(), allow_avx512=self.capabilities.isa == "avx512",
+                       requested=KERNEL_ISA.get())
 
     def kernels(self) -> KernelLibrary | None:
         """The loaded kernel module, built on first use; ``None`` means reference kernels."""
@@ -130,7 +134,7 @@ class X86Platform(Platform):
             return self._library
 
     def _load_kernels(self) -> KernelLibrary | None:
-        env = envs.get()
+        env = core_env()
         if env.disable_kernels:
             return None
         isa = self.kernel_isa()
@@ -152,7 +156,7 @@ class X86Platform(Platform):
     def ops(self) -> OpsTable:
         if self.kernels() is None:
             return super().ops()
-        from glowlm.ops.table import OpsTable
+        from glowlm.plugin_api import OpsTable
 
         from glowlm_x86.kernels import ops
         from glowlm_x86.kernels.attention import X86AttentionBackend

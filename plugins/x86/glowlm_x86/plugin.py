@@ -7,10 +7,13 @@ this plugin's hooks twice.
 
 from __future__ import annotations
 
-from glowlm.platforms.interface import Platform
-from glowlm.plugins.hookspecs import hookimpl
+from glowlm.plugin_api import Platform, Setting, hookimpl
 
 from glowlm_x86.platform import X86Platform
+from glowlm_x86.settings import SETTINGS
+
+#: The glowlm plugin API this plugin is built for (checked at discovery).
+GLOWLM_PLUGIN_API = "1.0"
 
 
 @hookimpl
@@ -23,3 +26,8 @@ def glowlm_quantization_configs() -> list[type]:
     from glowlm_x86.quant import quantization_configs
 
     return quantization_configs()
+
+
+@hookimpl
+def glowlm_settings() -> list[Setting]:
+    return list(SETTINGS)

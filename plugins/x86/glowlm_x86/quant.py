@@ -23,23 +23,23 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from glowlm import envs
-from glowlm.layers.quantization import QuantizationConfig
-from glowlm.layers.quantization.formats import for_platform
-from glowlm.layers.quantization.kernels import (
-    REFERENCE_KERNELS,
+from glowlm.plugin_api import REFERENCE_QUANT_KERNELS as REFERENCE_KERNELS
+from glowlm.plugin_api import (
     Int8Weights,
+    QuantizationConfig,
     QuantKernels,
     WeightOnlyInt,
+    core_env,
+    init_logger,
 )
-from glowlm.logger import init_logger
+from glowlm.plugin_api import quantization_for_platform as for_platform
 
 from glowlm_x86.platform import X86Platform
 
 logger = init_logger("glowlm.x86.quant")
 
 if TYPE_CHECKING:
-    from glowlm.platforms.interface import Platform
+    from glowlm.plugin_api import Platform
 
 ROWS = 16  #: output rows per weight block (one AVX-512 register of fp32 / int32 sums)
 #: The compiled quantized ops (added to ``Capabilities.kernels`` when they load).
@@ -205,7 +205,7 @@ def _build_and_load(isa: str) -> None:
     h.update(" ".join(flags).encode() + torch.__version__.encode())
     h.update(f"py{sys.version_info.major}{sys.version_info.minor}".encode())
     name = f"glowlm_x86_quant_{isa}_{h.hexdigest()[:16]}"
-    build_dir = Path(envs.get().kernel_cache) / name
+    build_dir = Path(core_env().kernel_cache) / name
     so = build_dir / f"{name}.so"
     if not so.exists():
         build_dir.mkdir(parents=True, exist_ok=True)

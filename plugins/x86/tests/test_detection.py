@@ -1,15 +1,14 @@
-"""x86 detection against recorded hosts (core/tests/fixtures/hosts)."""
+"""x86 detection against recorded hosts (glowlm.testing.hosts)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from glowlm.platforms.host import HostInfo, from_dump
+from glowlm.plugin_api import HostInfo, from_dump
+from glowlm.testing.hosts import HOSTS_DIR
 from glowlm_x86.platform import X86Platform
 
-HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+HOSTS = HOSTS_DIR  # the recorded hosts glowlm ships (glowlm.testing.hosts)
 
 
 def host(name: str, *modules: str) -> HostInfo:

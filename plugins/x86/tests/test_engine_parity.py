@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from glowlm import LLM, SamplingParams
-from glowlm.ops.table import REFERENCE_OPS
-from glowlm.platforms.host import live
+from glowlm.plugin_api import REFERENCE_OPS
+from glowlm.plugin_api import live_host as live
 from glowlm.testing.pruning import assert_pruned_prefill_matches
 from glowlm.testing.tiny_models import ARCHITECTURES, VOCAB, make_tiny_model
 from glowlm_x86.kernels.linear import X86LinearMethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from glowlm.ops import reference
+from glowlm.plugin_api import reference_ops as reference
 from glowlm_x86.kernels import ops
 from glowlm_x86.kernels.testing import require_kernels
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from glowlm.attention.backend import AttentionLayerSpec, AttentionMetadata
-from glowlm.attention.reference import ReferenceAttentionBackend
+from glowlm.plugin_api import AttentionLayerSpec, AttentionMetadata, ReferenceAttentionBackend
 from glowlm_x86.kernels import ops
 from glowlm_x86.kernels.attention import X86AttentionBackend
 from glowlm_x86.kernels.testing import require_kernels, vector_width

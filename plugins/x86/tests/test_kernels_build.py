@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from glowlm.testing.hosts import HOSTS_DIR
 from glowlm_x86.kernels import build
 
 FALLBACK_SCRIPT = """
@@ -62,7 +63,7 @@ def test_no_compiler_is_one_warning_and_reference_kernels(tmp_path: Path) -> Non
 
 def test_kernels_built_at_install_load_without_a_compiler(tmp_path: Path) -> None:
     # pip install compiled avx2 and avx512 into the package: no compiler, no cache needed.
-    from glowlm.platforms.host import live
+    from glowlm.plugin_api import live_host as live
     from glowlm_kernels.build import prebuilt
     from glowlm_x86.kernels import cpu_isa
 
@@ -85,21 +86,21 @@ def test_disable_kernels_never_builds(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists()
 
 
-HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+HOSTS = HOSTS_DIR  # the recorded hosts glowlm ships (glowlm.testing.hosts)
 
 
 def test_kernel_isa_follows_the_live_cpu_not_the_recorded_host(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from glowlm.platforms import host as host_info
+    from glowlm.plugin_api import from_dump
     from glowlm_x86.platform import X86Platform
 
-    skylake = host_info.from_dump(HOSTS / "x86_64-skylake-xeon-8124m.cpuinfo")
-    zen3 = host_info.from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
+    skylake = from_dump(HOSTS / "x86_64-skylake-xeon-8124m.cpuinfo")
+    zen3 = from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
     platform = X86Platform(skylake, X86Platform.detect(skylake))
     assert platform.capabilities.isa == "avx512"
-    monkeypatch.setattr(host_info, "live", lambda: zen3)
+    monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen3)
     assert platform.kernel_isa() == "avx2"  # never AVX-512 code on an AVX2-only CPU
-    monkeypatch.setattr(host_info, "live", lambda: skylake)
+    monkeypatch.setattr("glowlm.platforms.host.live", lambda: skylake)
     assert platform.kernel_isa() == "avx512"
     avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
     assert avx2_platform.kernel_isa() == "avx2"  # an AVX2 platform never picks AVX-512
@@ -107,22 +108,21 @@ def test_kernel_isa_follows_the_live_cpu_not_the_recorded_host(
 
 def test_kernel_isa_request_is_honoured_only_where_the_cpu_runs_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from glowlm.errors import ConfigError
-    from glowlm.platforms import host as host_info
+    from glowlm.plugin_api import ConfigError, from_dump
     from glowlm_x86.platform import X86Platform
 
-    skylake = host_info.from_dump(HOSTS / "x86_64-skylake-xeon-8124m.cpuinfo")
-    zen3 = host_info.from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
+    skylake = from_dump(HOSTS / "x86_64-skylake-xeon-8124m.cpuinfo")
+    zen3 = from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
     avx512_platform = X86Platform(skylake, X86Platform.detect(skylake))
     avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
-    monkeypatch.setattr(host_info, "live", lambda: skylake)
+    monkeypatch.setattr("glowlm.platforms.host.live", lambda: skylake)
     for isa in ("avx512", "avx2", "portable"):
         monkeypatch.setenv("GLOWLM_KERNEL_ISA", isa.upper())
         assert avx512_platform.kernel_isa() == isa
     with pytest.raises(ConfigError, match="runs the AVX2 platform"):
         monkeypatch.setenv("GLOWLM_KERNEL_ISA", "avx512")
         avx2_platform.kernel_isa()
-    monkeypatch.setattr(host_info, "live", lambda: zen3)
+    monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen3)
     with pytest.raises(ConfigError, match="lacks avx512f, avx512bw, avx512vl"):
         avx512_platform.kernel_isa()
     monkeypatch.setenv("GLOWLM_KERNEL_ISA", "sse4")
@@ -138,9 +138,9 @@ def test_portable_vector_header_passes_the_contract_suite() -> None:
     # The kernels built on vec_portable.h (no intrinsics) pass the same tests as the
     # AVX2/AVX-512 builds: the proof that a port needs only a new vector header. A
     # separate process: one process registers one kernel module. ~2 min to build once.
-    from glowlm import envs
+    from glowlm.plugin_api import core_env
 
-    if envs.get().disable_kernels or build._compiler() is None:
+    if core_env().disable_kernels or build._compiler() is None:
         pytest.skip("compiled kernels disabled or no C++ compiler")
     here = Path(__file__).parent
     env = {**os.environ, "GLOWLM_KERNEL_ISA": "portable"}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from glowlm import LLM, SamplingParams
 from glowlm.layers import linear_choice
-from glowlm.layers.fused import FusedStack
+from glowlm.plugin_api import FusedStack
 from glowlm.testing.tiny_models import make_tiny_model
 from glowlm_x86.kernels.testing import require_kernels
 

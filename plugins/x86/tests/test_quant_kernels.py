@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from glowlm.layers.quantization.kernels import REFERENCE_KERNELS, Int8Weights, WeightOnlyInt
+from glowlm.plugin_api import REFERENCE_QUANT_KERNELS as REFERENCE_KERNELS
+from glowlm.plugin_api import Int8Weights, WeightOnlyInt
 from glowlm_x86.kernels.testing import require_kernels
 
 FIXTURES = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "quant"
@@ -25,7 +26,7 @@ CHECKPOINTS = sorted(p.name for p in FIXTURES.iterdir() if (p / "reference.json"
 @pytest.fixture(scope="module")
 def kernels():
     require_kernels()
-    from glowlm.platforms import current_platform
+    from glowlm.testing import current_platform
     from glowlm_x86.platform import X86Platform
     from glowlm_x86.quant import X86_QUANT_KERNELS, load_quant_ops
 

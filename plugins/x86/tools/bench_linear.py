@@ -40,10 +40,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     impls: dict[str, Callable[..., torch.Tensor]] = {"torch": F.linear}
     if args.compiled:
-        from glowlm import envs
+        from glowlm.plugin_api import core_env
         from glowlm_x86.kernels import load, ops
 
-        if load(args.compiled, envs.get().kernel_cache) is None:
+        if load(args.compiled, core_env().kernel_cache) is None:
             raise SystemExit("the compiled kernels did not load")
         impls["gemv"] = ops.gemv
         impls["gemm"] = ops.gemm

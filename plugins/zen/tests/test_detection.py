@@ -1,4 +1,4 @@
-"""Zen detection and dtype rules against recorded hosts (core/tests/fixtures/hosts).
+"""Zen detection and dtype rules against recorded hosts (glowlm.testing.hosts).
 
 zentorch cannot be installed here, so hosts say whether it is importable
 (``from_dump(..., modules={"zentorch"})``); the linear method's fallback path is
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
-from glowlm.platforms.host import HostInfo, from_dump
+from glowlm.plugin_api import HostInfo, from_dump
+from glowlm.testing.hosts import HOSTS_DIR
 from glowlm_x86.platform import X86Platform
 from glowlm_zen.linear import ZentorchLinearMethod
 from glowlm_zen.platform import ZenPlatform
 
-HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+HOSTS = HOSTS_DIR  # the recorded hosts glowlm ships (glowlm.testing.hosts)
 ZEN4 = "x86_64-zen4-epyc-9r14.cpuinfo"
 
 

@@ -16,14 +16,13 @@ import torch.nn.functional as F
 zentorch = pytest.importorskip("zentorch", reason="zentorch is not installed (pip install "
                                                   "glowlm-zen[zentorch])")
 
-from glowlm.layers.context import ModelParts  # noqa: E402
-from glowlm.layers.linear import ReplicatedLinear  # noqa: E402
 from glowlm.layers.linear_choice import choose_for_model  # noqa: E402
-from glowlm.platforms.host import from_dump  # noqa: E402
+from glowlm.plugin_api import ModelParts, ReplicatedLinear, from_dump  # noqa: E402
+from glowlm.testing.hosts import HOSTS_DIR  # noqa: E402
 from glowlm_zen.linear import ZentorchLinearMethod  # noqa: E402
 from glowlm_zen.platform import ZenPlatform  # noqa: E402
 
-HOSTS = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "hosts"
+HOSTS = HOSTS_DIR  # the recorded hosts glowlm ships (glowlm.testing.hosts)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
 
 

@@ -10,8 +10,7 @@
 
 from __future__ import annotations
 
-from glowlm.errors import ConfigError
-from glowlm.platforms.host import HostInfo
+from glowlm.plugin_api import ConfigError, HostInfo
 
 from glowlm_x86.kernels.build import ISA_FLAGS, KernelLibrary, load_kernels
 

@@ -16,8 +16,12 @@ reference backend, which masks it, for a step in which some sequence is longer.
 from __future__ import annotations
 
 import torch
-from glowlm.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
-from glowlm.attention.reference import ReferenceAttentionBackend
+from glowlm.plugin_api import (
+    AttentionBackend,
+    AttentionLayerSpec,
+    AttentionMetadata,
+    ReferenceAttentionBackend,
+)
 
 from glowlm_x86.kernels import ops
 
@@ -50,8 +54,6 @@ class X86AttentionBackend(AttentionBackend):
                 ) -> torch.Tensor:
         if not (self.supports(layer.head_size, metadata.block_size, kv_cache.dtype)
                 and self.kernel_covers(layer, metadata)):
-            if metadata.num_decodes and "decode_mask" not in metadata.extras:
-                self._reference.build_metadata(metadata)
             return self._reference.forward(layer, query, key, value, kv_cache, metadata)
         ops.write_kv(kv_cache, key, value, metadata.slot_mapping)
         out = ops.paged_attention(query, kv_cache, metadata.block_tables,

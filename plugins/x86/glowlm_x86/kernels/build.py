@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from glowlm.logger import init_logger
+from glowlm.plugin_api import init_logger
 from glowlm_kernels import build as shared
 from glowlm_kernels.build import KernelLibrary
 

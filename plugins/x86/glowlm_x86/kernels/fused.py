@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from glowlm.attention.backend import AttentionLayerSpec, AttentionMetadata
-from glowlm.ops.fused import (
+from glowlm.plugin_api import (
+    AttentionLayerSpec,
+    AttentionMetadata,
     LnDecoderLayerFn,
     LnDecoderStackFn,
     LnDecoderWeights,

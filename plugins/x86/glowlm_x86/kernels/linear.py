@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from glowlm.layers.linear import UnquantizedLinearMethod
-from glowlm.layers.linear_choice import TORCH_LINEAR, LinearCandidate
+from glowlm.plugin_api import TORCH_LINEAR, LinearCandidate, UnquantizedLinearMethod
 from torch import nn
 
 from glowlm_x86.kernels import ops
