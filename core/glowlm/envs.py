@@ -33,8 +33,9 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
     "GLOWLM_GGUF_CACHE": ("~/.cache/glowlm/gguf", "where a GGUF file's metadata is converted "
                                                  "to config and tokenizer files (once per file)"),
-    "GLOWLM_GGUF_DEQUANTIZE": ("0", "1: dequantize every GGUF tensor at load, even Q4_0/Q4_1/"
-                                    "Q8_0 blocks the platform could run natively"),
+    "GLOWLM_GGUF_NATIVE": ("0", "1: run GGUF Q4_0/Q4_1/Q8_0 linear weights natively as "
+                                "4/8-bit blocks where the platform can (less memory; not yet "
+                                "faster); default: dequantize at load"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
@@ -71,7 +72,7 @@ class Env:
     preload_applied: str
     kernel_cache: str
     gguf_cache: str
-    gguf_dequantize: bool
+    gguf_native: bool
     disable_kernels: bool
     no_fused_layers: bool
     linear_impl: str | None  # None: measure; "default": off; else a candidate name
@@ -132,7 +133,7 @@ def parse(environ: Mapping[str, str]) -> Env:
         preload_applied=raw("GLOWLM_PRELOAD_APPLIED").strip(),
         kernel_cache=os.path.expanduser(raw("GLOWLM_KERNEL_CACHE")),
         gguf_cache=os.path.expanduser(raw("GLOWLM_GGUF_CACHE")),
-        gguf_dequantize=_bool("GLOWLM_GGUF_DEQUANTIZE", raw("GLOWLM_GGUF_DEQUANTIZE")),
+        gguf_native=_bool("GLOWLM_GGUF_NATIVE", raw("GLOWLM_GGUF_NATIVE")),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),
         linear_impl=raw("GLOWLM_LINEAR_IMPL").strip().lower() or None,

@@ -77,26 +77,29 @@ def test_quantized_gguf_equals_transformers_on_the_same_file(gguf_pair, monkeypa
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
 def test_native_blocks_equal_transformers(gguf_pair, qtype, monkeypatch, tmp_path):
-    """Q4_0/Q4_1/Q8_0 linear weights run as the platform's 4/8-bit weight-only kernels
-    (no dequantized copy) where it implements ``gguf``; tokens equal transformers' on the
-    same file, which dequantizes it to float32. mistral: Llama's q/k permutation applies
-    to the blocks' rows, scales and zero points alike."""
+    """With GLOWLM_GGUF_NATIVE=1, Q4_0/Q4_1/Q8_0 linear weights run as the platform's
+    4/8-bit weight-only kernels (no dequantized copy) where it implements ``gguf``;
+    tokens equal transformers' on the same file, which dequantizes it to float32.
+    mistral: Llama's q/k permutation applies to the blocks' rows, scales and zeros."""
+    from glowlm import envs
     from glowlm.layers.quantization import implemented
     from glowlm.layers.quantization.gguf import GGUFLinearMethod
-    from glowlm.platforms import current_selection
+    from glowlm.platforms import host, select_platform
     from transformers import AutoModelForCausalLM
 
-    platform = current_selection(None).platform
+    # The best platform here, chosen afresh (the process may have pinned generic before).
+    platform = select_platform(host.live(), None, envs.get().plugins_block).platform
     if "gguf" not in implemented(platform):
         pytest.skip(f"the {platform.name} platform runs no GGUF blocks natively")
     monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
+    monkeypatch.setenv("GLOWLM_GGUF_NATIVE", "1")
     _, gguf_file = gguf_pair("mistral", qtype)
     hf = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
                                               dtype=torch.float32).eval()
     want = [hf.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False,
                         eos_token_id=None, pad_token_id=1)[0, len(p):].tolist() for p in PROMPTS]
     llm = LLM(str(gguf_file), dtype="float32", kv_cache_space_gib=0.02, block_size=32,
-              show_progress=False)
+              show_progress=False, platform=platform.name)
     layer = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
     assert isinstance(layer.method, GGUFLinearMethod)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
