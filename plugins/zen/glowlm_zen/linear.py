@@ -134,7 +134,10 @@ class ZentorchLinearMethod(UnquantizedLinearMethod):
         if getattr(layer, "zentorch_prepacked", False):
             return self._linear(x, layer.weight, bias, is_weight_prepacked=True)
         if getattr(layer, "zentorch_transposed", False):
-            return self._linear(x, layer.weight, bias)
+            # zentorch 2.13.0.2 on the transposed weight returned a relative error of 1.4
+            # at 7 fp32 rows in a full test run (right when run alone), so the transposed
+            # layout (GLOWLM_ZENTORCH_WEIGHT_PREPACK=0) goes to oneDNN, which reads it.
+            return F.linear(x, layer.weight, bias)
         return self._apply_copy(layer, x, bias)
 
     def _apply_copy(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
