@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -47,19 +46,11 @@ def default_files() -> list[Path]:
 
 
 def host() -> dict[str, Any]:
-    model, flags = platform.processor(), []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                break
-    except OSError:
-        pass
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-              "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
-    return {"cpu": model, "flags": [f for f in wanted if f in flags], "cpus": os.cpu_count()}
+    """The host line every peer benchmark prints (tools/bench_peers.py reads glowlm's own
+    host model: CPU model, CPU count, the flags that matter)."""
+    from bench_peers import host_description
+
+    return host_description()
 
 
 def vocab_of(path: Path) -> int:
@@ -104,7 +95,8 @@ def measure(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(results: list[dict[str, Any]], info: dict[str, Any]) -> None:
-    print(f"host: {info['cpu']} ({info['cpus']} CPUs; {' '.join(info['flags'])}); "
+    print(f"host: {info['cpu']} ({info['logical_cpus']} CPUs; "
+          f"{' '.join(info['flags_that_matter'])}); "
           f"threads {results[0]['threads'] if results else '-'}")
     print(f"{'file':<40}{'engine':<11}{'ttft_ms':>9}{'decode_tok/s':>14}{'p2_out_tok/s':>14}")
     for r in results:
