@@ -323,6 +323,23 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs & 0x0F, qs >> 4], dim=1)
 
 
+#: The 32-weight block types read in torch: bytes per block.
+BLOCK_TYPES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+
+
+def block_fields(data: np.ndarray, type_name: str
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """A Q8_0/Q4_0/Q4_1 tensor's blocks: (f16 scale ``d``, f16 minimum ``m`` (Q4_1, else
+    None), the 32 values per block: int8 for Q8_0, unsigned nibbles for the Q4 types)."""
+    b = _blocks(data, BLOCK_TYPES[type_name])
+    d = b[:, :2].contiguous().view(torch.float16).float()
+    if type_name == "Q8_0":
+        return d, None, b[:, 2:].contiguous().view(torch.int8)
+    if type_name == "Q4_0":
+        return d, None, _nibbles(b[:, 2:])
+    return d, b[:, 2:4].contiguous().view(torch.float16).float(), _nibbles(b[:, 4:])
+
+
 def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
     """One GGUF tensor as float32 of ``shape`` (rows, columns)."""
     if type_name in ("F32", "F16"):
@@ -330,22 +347,13 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torc
     if type_name == "BF16":
         raw = torch.from_numpy(np.array(data, copy=True).view(np.int16))
         return raw.view(torch.bfloat16).reshape(shape).float()
-    if type_name == "Q8_0":  # f16 scale, 32 x int8
-        b = _blocks(data, 34)
-        d = b[:, :2].contiguous().view(torch.float16).float()
-        q = b[:, 2:].contiguous().view(torch.int8).float()
-        return (q * d).reshape(shape)
-    if type_name == "Q4_0":  # f16 scale, 16 bytes of nibbles; value = (q - 8) * d
-        b = _blocks(data, 18)
-        d = b[:, :2].contiguous().view(torch.float16).float()
-        q = _nibbles(b[:, 2:]).float() - 8.0
-        return (q * d).reshape(shape)
-    if type_name == "Q4_1":  # f16 scale, f16 min, 16 bytes; value = q * d + m
-        b = _blocks(data, 20)
-        d = b[:, :2].contiguous().view(torch.float16).float()
-        m = b[:, 2:4].contiguous().view(torch.float16).float()
-        q = _nibbles(b[:, 4:]).float()
-        return (q * d + m).reshape(shape)
+    if type_name in BLOCK_TYPES:
+        d, m, q = block_fields(data, type_name)
+        if type_name == "Q4_0":
+            return ((q.float() - 8.0) * d).reshape(shape)
+        if m is not None:
+            return (q.float() * d + m).reshape(shape)
+        return (q.float() * d).reshape(shape)
     import gguf
     from gguf.quants import dequantize as np_dequantize
 

@@ -87,30 +87,22 @@ def split_blocks(data: Any, type_name: str, shape: tuple[int, ...]
     ``dequantize(q, scales, zeros) == gguf dequantize(data)`` exactly: a Q4_1 block whose
     scale is 0 holds one value, ``m``, and becomes ``scale 1, q 0, zero −m``.
     """
-    from glowlm.model_loader.gguf import _blocks, _nibbles
+    from glowlm.model_loader.gguf import BLOCK_TYPES, block_fields
 
+    if type_name not in BLOCK_TYPES:
+        raise ModelLoadError(f"GGUF type {type_name} is not run natively")
     n, k = shape
+    d, m, q = block_fields(data, type_name)
     if type_name == "Q8_0":
-        b = _blocks(data, 34)
-        d = b[:, :2].contiguous().view(torch.float16).float()
-        q = (b[:, 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+        q = (q.to(torch.int16) + 128).to(torch.uint8)
         zeros = torch.full_like(d, 128.0)
-    elif type_name == "Q4_0":
-        b = _blocks(data, 18)
-        d = b[:, :2].contiguous().view(torch.float16).float()
-        q = _nibbles(b[:, 2:])
+    elif m is None:  # Q4_0
         zeros = torch.full_like(d, 8.0)
-    elif type_name == "Q4_1":
-        b = _blocks(data, 20)
-        d = b[:, :2].contiguous().view(torch.float16).float()
-        m = b[:, 2:4].contiguous().view(torch.float16).float()
-        q = _nibbles(b[:, 4:])
+    else:  # Q4_1
         flat = d == 0
         if bool(flat.any()):
             q = torch.where(flat, torch.zeros_like(q), q)
             d = torch.where(flat, torch.ones_like(d), d)
         zeros = -m / d
-    else:
-        raise ModelLoadError(f"GGUF type {type_name} is not run natively")
     return (q.reshape(n, k).contiguous(), d.reshape(n, k // GROUP).contiguous(),
             zeros.reshape(n, k // GROUP).contiguous())
