@@ -114,3 +114,45 @@ def test_each_advertised_quantization_method_runs_a_tiny_checkpoint(platform: Pl
         got = [next(iter(p.values())).logprob for p in out.prompt_logprobs[1:]]
         err = max(abs(a - b) for a, b in zip(got, want, strict=True))
         assert err < 0.1, f"{platform.name} {method} ({path.name}): max |d logprob| {err:.3g}"
+
+
+GGUF_CASES = [pytest.param(p, id=n) for n, p, _ in PLATFORMS
+              if p is not None and "gguf" in p.capabilities.quantization]
+
+
+@pytest.mark.parametrize("platform", GGUF_CASES)
+def test_advertised_gguf_runs_native_blocks(platform: Platform, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # gguf has no checkpoint config: a tiny Q4_1 file (llama.cpp's layout) runs with its
+    # blocks native on the platform and must give the dequantized reference path's tokens
+    # and prompt log-probabilities (both float32, the same block values).
+    from glowlm import LLM, SamplingParams
+    from glowlm.layers.quantization.gguf import GGUFLinearMethod
+    from glowlm.platforms import use_platform
+    from glowlm.testing.tiny_gguf import write_tiny_gguf
+    from glowlm.testing.tiny_models import SMALL_ENGINE, make_tiny_model
+
+    monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
+    path = write_tiny_gguf(make_tiny_model("mistral", tmp_path / "hf"), tmp_path / "m.gguf",
+                           "Q4_1")
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9, 10, 11]}, {"prompt_token_ids": [40] * 20}]
+    params = SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=0, ignore_eos=True)
+
+    def run(name: str) -> list:
+        llm = LLM(str(path), platform=name, dtype="float32", **SMALL_ENGINE)
+        layer = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
+        native = isinstance(layer.method, GGUFLinearMethod)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        del llm
+        return [native, *outs]
+
+    want = run("generic")  # GLOWLM_GGUF_NATIVE unset: dequantized at load
+    monkeypatch.setenv("GLOWLM_GGUF_NATIVE", "1")
+    with use_platform(platform):
+        got = run(platform.name)
+    assert got[0] and not want[0]
+    for a, b in zip(got[1:], want[1:], strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        la = [next(iter(p.values())).logprob for p in a.prompt_logprobs[1:]]
+        lb = [next(iter(p.values())).logprob for p in b.prompt_logprobs[1:]]
+        assert max(abs(x - y) for x, y in zip(la, lb, strict=True)) < 1e-4
