@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="model directory, .gguf file or ORG/NAME (default: "
                         "SmolLM2-135M-Instruct)")
     p.add_argument("--model", dest="model_option", metavar="MODEL",
-                   help="the model directory, as vLLM's --model (instead of the positional)")
+                   help="the model, as vLLM's --model (instead of the positional)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "127.0.0.1; use 0.0.0.0 to accept remote clients)")
     p.add_argument("--port", type=int, default=8000)
