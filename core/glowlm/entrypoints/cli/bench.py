@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            ("roofline", "P1 decode as a fraction of the memory-bandwidth "
                                         "limit")):
         q = sub.add_parser(kind, help=helptext)
-        q.add_argument("model", help="model directory")
+        q.add_argument("model", help="model directory, .gguf file or ORG/NAME (HF cache)")
         q.add_argument("--input-len", type=int, default=128)
         q.add_argument("--output-len", type=int, default=128)
         if kind == "throughput":
