@@ -69,6 +69,10 @@ VARIANTS: dict[str, dict[str, Variant]] = {
     "x86": {
         "avx2": Variant("x86", "avx2", ("-mavx2", "-mfma", "-mf16c")),
         "avx512": Variant("x86", "avx512", _X86_AVX512),
+        # AVX-512 plus AVX512_BF16 (Zen 4/5, Cooper Lake, Sapphire Rapids and later): the
+        # same kernels, and where activations are bf16 the pairwise bf16 dot product
+        # (vdpbf16ps) replaces the convert-then-FMA inner loops (vec.h GLOWLM_VEC_BF16DOT).
+        "avx512-bf16": Variant("x86", "avx512-bf16", (*_X86_AVX512, "-mavx512bf16")),
         # vec_portable.h on the baseline target: proves the kernels need only vec.h's
         # names; a developer path (GLOWLM_KERNEL_ISA=portable), not built at install.
         "portable": Variant("x86", "portable", ("-DGLOWLM_VEC_PORTABLE",)),
@@ -83,7 +87,7 @@ VARIANTS: dict[str, dict[str, Variant]] = {
     },
 }
 #: What each plugin compiles at install (x86 portable stays a run-time developer build).
-INSTALL_ISAS = {"x86": ("avx2", "avx512"), "arm": ("neon", "neon-bf16"),
+INSTALL_ISAS = {"x86": ("avx2", "avx512", "avx512-bf16"), "arm": ("neon", "neon-bf16"),
                 "s390x": ("z14", "z15")}
 #: The build machines (``platform.machine()``) each plugin's kernels compile on; every
 #: plugin installs everywhere, and elsewhere it installs without them.

@@ -8,8 +8,8 @@ compiler), so a quantized checkpoint always runs.
 
 Repacking happens once per layer after loading (``prepare_*``): the canonical
 unsigned values become the blocked layouts the kernels stream (see the C++ file's
-header), scales and ``zero * scale`` become ``[groups, N]`` float32 rows so the
-kernel reads 16 consecutive output rows per load.
+header), scales and ``zero * scale`` become float32 ``[N/16, groups, 16]``, so the
+kernel reads 16 consecutive output rows per load and each block's in one stream.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def _pad_rows(t: torch.Tensor, rows: int, value: float = 0) -> torch.Tensor:
 @dataclass
 class PackedWeightOnly:
     weight: torch.Tensor         #: uint8, blocked (quant_linear.cpp)
-    scales: torch.Tensor         #: float32 [G, Npad]
-    zs: torch.Tensor             #: float32 [G, Npad]: zero * scale
+    scales: torch.Tensor         #: float32 [Npad/16, G, 16]
+    zs: torch.Tensor             #: float32 [Npad/16, G, 16]: zero * scale
     bits: int
     group_size: int
     n: int
@@ -73,18 +73,27 @@ class PackedW8A8:
 
 
 def pack_weight_only(w: WeightOnlyInt) -> PackedWeightOnly:
-    """Canonical [N, K] values -> ``[N/16][K/2][16]`` nibble pairs or ``[N/16][K/2][2][16]``."""
+    """Canonical [N, K] values -> ``[N/16][K/4][16][2]`` nibble bytes or ``[N/16][K/2][2][16]``.
+
+    4 bits: each 32-byte unit holds 16 rows x 4 columns, byte ``2r + j`` column ``j`` in
+    its low nibble and column ``2 + j`` in its high one, the operand order of a pairwise
+    bf16 dot product (quant_linear.cpp).
+    """
     n, k = w.q.shape
     q = _pad_rows(w.q, ROWS)
     npad = q.shape[0]
-    pairs = q.view(npad // ROWS, ROWS, k // 2, 2)
-    if w.bits == 4:
-        packed = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 1)
+    if w.bits == 4:  # unit c of 16 rows: byte 2r + j = q[r, 4c + j] | q[r, 4c + 2 + j] << 4
+        units = q.view(npad // ROWS, ROWS, k // 4, 2, 2)
+        packed = (units[..., 0, :] | (units[..., 1, :] << 4)).permute(0, 2, 1, 3)
     else:
-        packed = pairs.permute(0, 2, 3, 1)
+        packed = q.view(npad // ROWS, ROWS, k // 2, 2).permute(0, 2, 3, 1)
     scales = _pad_rows(w.scales, ROWS)
     zs = _pad_rows(w.zeros, ROWS) * scales
-    return PackedWeightOnly(packed.contiguous(), scales.t().contiguous(), zs.t().contiguous(),
+
+    def blocked(t: torch.Tensor) -> torch.Tensor:  # [Npad, G] -> [Npad/16, G, 16]
+        return t.view(npad // ROWS, ROWS, -1).permute(0, 2, 1).contiguous()
+
+    return PackedWeightOnly(packed.contiguous(), blocked(scales.float()), blocked(zs.float()),
                             w.bits, w.group_size, n, w.perm)
 
 
@@ -109,8 +118,10 @@ class X86QuantKernels(QuantKernels):
     name = "x86"
 
     def prepare_weight_only(self, w: WeightOnlyInt) -> PackedWeightOnly:
-        if w.group_size % 2 or w.q.shape[1] % 2:
-            raise ValueError("weight-only kernels need an even group size")
+        step = 4 if w.bits == 4 else 2
+        if w.group_size % step or w.q.shape[1] % step:
+            raise ValueError(f"{w.bits}-bit weight-only kernels need a group size that is a "
+                             f"multiple of {step}")
         return pack_weight_only(w)
 
     def weight_only(self, x: torch.Tensor, prepared: PackedWeightOnly,

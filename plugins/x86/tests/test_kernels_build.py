@@ -101,7 +101,10 @@ def test_kernel_isa_follows_the_live_cpu_not_the_recorded_host(
     monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen3)
     assert platform.kernel_isa() == "avx2"  # never AVX-512 code on an AVX2-only CPU
     monkeypatch.setattr("glowlm.platforms.host.live", lambda: skylake)
-    assert platform.kernel_isa() == "avx512"
+    assert platform.kernel_isa() == "avx512"  # AVX-512 without AVX512_BF16
+    zen4 = from_dump(HOSTS / "x86_64-zen4-epyc-9r14.cpuinfo")
+    monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen4)
+    assert platform.kernel_isa() == "avx512-bf16"  # vdpbf16ps only where the CPU has it
     avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
     assert avx2_platform.kernel_isa() == "avx2"  # an AVX2 platform never picks AVX-512
 
@@ -119,6 +122,9 @@ def test_kernel_isa_request_is_honoured_only_where_the_cpu_runs_it(
     for isa in ("avx512", "avx2", "portable"):
         monkeypatch.setenv("GLOWLM_KERNEL_ISA", isa.upper())
         assert avx512_platform.kernel_isa() == isa
+    with pytest.raises(ConfigError, match="lacks avx512_bf16"):
+        monkeypatch.setenv("GLOWLM_KERNEL_ISA", "avx512-bf16")
+        avx512_platform.kernel_isa()
     with pytest.raises(ConfigError, match="runs the AVX2 platform"):
         monkeypatch.setenv("GLOWLM_KERNEL_ISA", "avx512")
         avx2_platform.kernel_isa()
@@ -126,7 +132,7 @@ def test_kernel_isa_request_is_honoured_only_where_the_cpu_runs_it(
     with pytest.raises(ConfigError, match="lacks avx512f, avx512bw, avx512vl"):
         avx512_platform.kernel_isa()
     monkeypatch.setenv("GLOWLM_KERNEL_ISA", "sse4")
-    with pytest.raises(ConfigError, match="built for avx2, avx512, portable"):
+    with pytest.raises(ConfigError, match="built for avx2, avx512, avx512-bf16, portable"):
         avx2_platform.kernel_isa()
 
 

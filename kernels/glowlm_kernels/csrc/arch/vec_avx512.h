@@ -6,7 +6,11 @@
 namespace glowlm::vec {
 
 constexpr int W = 16;
+#if defined(__AVX512BF16__)
+constexpr const char* kIsa = "avx512-bf16";
+#else
 constexpr const char* kIsa = "avx512";
+#endif
 // GEMV register tile: kGemvMR token rows x 4 weight rows (32 zmm registers available).
 constexpr int kGemvMR = 4;
 // GEMM register tile (gemm.cpp): kGemmNR weight rows x 2 vectors of token rows, i.e.
@@ -80,5 +84,38 @@ inline VecF exp(VecF x) {
   __mmask16 tiny = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
   return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), res)};
 }
+
+#if defined(__AVX512BF16__)
+// Pairwise bf16 dot products (vec.h GLOWLM_VEC_BF16DOT): a VecBF holds W pairs of bf16,
+// and dot2 adds a[2i] * b[2i] + a[2i + 1] * b[2i + 1] to fp32 lane i in one vdpbf16ps
+// (products exact in fp32, so bf16 activations times small integers lose nothing).
+#define GLOWLM_VEC_BF16DOT 1
+
+struct VecBF {
+  __m512i v;
+};
+
+inline VecF dot2(VecF acc, VecBF a, VecBF b) {
+  return {_mm512_dpbf16_ps(acc.v, (__m512bh)a.v, (__m512bh)b.v)};
+}
+// The pair p[0], p[1] in every lane.
+inline VecBF broadcast_pair(const bf16* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return {_mm512_set1_epi32(v)};
+}
+// 2W bytes of 4-bit values, byte 2i + j holding (low nibble, high nibble) = (a, b):
+// lo gets the a's, hi the b's, each byte's value in 16-bit lane 2i + j as the bf16 of
+// 128 + value. Or-ing a nibble into the mantissa of bf16 128.0 (0x4300) makes 128 + q
+// exactly, so the unpack is three logic ops and no conversion; callers subtract
+// 128 * sum(x) (folded into the zero point).
+inline void nibble_units(const uint8_t* p, VecBF& lo, VecBF& hi) {
+  const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i magic = _mm512_set1_epi16(0x4300);
+  // (w & 0x000f) | 0x4300: vpternlog's truth table 0xea is (A & B) | C.
+  lo = {_mm512_ternarylogic_epi32(w, _mm512_set1_epi16(0x000f), magic, 0xea)};
+  hi = {_mm512_or_si512(_mm512_srli_epi16(w, 4), magic)};
+}
+#endif
 
 }  // namespace glowlm::vec

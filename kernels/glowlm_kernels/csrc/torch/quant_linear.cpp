@@ -5,7 +5,10 @@
 //
 //   weight-only:  [N/16][K/2][16] bytes for 4 bits (low nibble: column k, high: k + 1),
 //                 [N/16][K/2][2][16] bytes for 8 bits (16 rows of column k, then k + 1);
-//                 unsigned values q with w = scale * (q - zero) per group of columns.
+//                 unsigned values q with w = scale * (q - zero) per group of columns;
+//                 scale and zero * scale as float32 [N/16][G][16], so the 16 rows a
+//                 block's work item computes find theirs in one sequential stream
+//                 (a [G][N] layout cost a scattered pair of cache lines per group).
 //   W8A8:         [N/16][K/4][16][4] int8: four consecutive columns of each of 16 rows,
 //                 the operand layout of vpdpbusd (VNNI), so one instruction does 64
 //                 multiply-adds into 16 int32 sums.
@@ -28,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 // Both kernel layouts: the shared tree (csrc/cpu/*.h) and the x86 plugin's flat csrc.
@@ -64,71 +68,86 @@ inline VecF u8_to_vec(const uint8_t* p) {
 #endif
 }
 
-inline void nibbles_to_vec(const uint8_t* p, VecF& lo, VecF& hi) {
+// One 4-bit unit (W rows x 4 columns, 2W bytes: byte 2r + j holds column j in its low
+// nibble and column 2 + j in its high one) -> the four columns as fp32, c[0..3].
+inline void unit_to_vecs(const uint8_t* p, VecF* c) {
 #if defined(GLOWLM_QUANT_X86) && defined(__AVX512F__)
-  __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
-  lo = {_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)))};
-  hi = {_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4))};
+  // Lane r = bytes 2r, 2r + 1: nibbles of columns 0, 2, 1, 3 at bits 0, 4, 8, 12.
+  const __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+  const __m512i f = _mm512_set1_epi32(15);
+  c[0] = {_mm512_cvtepi32_ps(_mm512_and_si512(b, f))};
+  c[2] = {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, 4), f))};
+  c[1] = {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, 8), f))};
+  c[3] = {_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 12))};
 #elif defined(GLOWLM_QUANT_X86)
-  __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-  lo = {_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)))};
-  hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4))};
+  const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
+  const __m256i f = _mm256_set1_epi32(15);
+  c[0] = {_mm256_cvtepi32_ps(_mm256_and_si256(b, f))};
+  c[2] = {_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, 4), f))};
+  c[1] = {_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, 8), f))};
+  c[3] = {_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 12))};
 #else
-  float l[vec::W], h[vec::W];
-  for (int i = 0; i < vec::W; ++i) {
-    l[i] = static_cast<float>(p[i] & 15);
-    h[i] = static_cast<float>(p[i] >> 4);
-  }
-  lo = vec::load(l);
-  hi = vec::load(h);
+  float t[4][vec::W];
+  for (int r = 0; r < vec::W; ++r)
+    for (int j = 0; j < 2; ++j) {
+      t[j][r] = static_cast<float>(p[2 * r + j] & 15);
+      t[2 + j][r] = static_cast<float>(p[2 * r + j] >> 4);
+    }
+  for (int i = 0; i < 4; ++i) c[i] = vec::load(t[i]);
 #endif
 }
 
 // One tile: MT token rows x NB weight blocks (NB * 16 output rows), all of K.
 // x: fp32 [M][K] (row stride K); xs: per-row group sums [M][G]; out: fp32 [M][ldo].
+// 4 bits: one 4-column unit per step (32 bytes of a block); 8 bits: one column pair.
 template <int BITS, int MT, int NB>
 void wna16_tile(const float* x, const float* xs, int64_t K, int64_t G, int64_t group,
                 const uint8_t* w, const float* scales, const float* zs, int64_t npad,
                 int64_t b0, float* out, int64_t ldo) {
   constexpr int L = NB * kVecs;                    // fp32 registers of output rows
-  constexpr int64_t kPairBytes = BITS == 4 ? kRows : 2 * kRows;
-  const int64_t block_bytes = (K / 2) * kPairBytes;
+  constexpr int kCols = BITS == 4 ? 4 : 2;         // columns per step
+  constexpr int64_t kStepBytes = kCols * kRows * BITS / 8;
+  const int64_t block_bytes = K * kRows * BITS / 8;
   float yv[MT][L * vec::W];
   GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
     GLOWLM_UNROLL for (int l = 0; l < L; ++l) vec::store(&yv[m][l * vec::W], vec::zero());
-  const int64_t pairs = group / 2;
+  const int64_t steps = group / kCols;
   for (int64_t g = 0; g < G; ++g) {
     VecF acc0[MT][L], acc1[MT][L];
     GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
       GLOWLM_UNROLL for (int l = 0; l < L; ++l) acc0[m][l] = acc1[m][l] = vec::zero();
-    const int64_t kp0 = g * pairs;
-    for (int64_t kp = kp0; kp < kp0 + pairs; ++kp) {
-      VecF lo[L], hi[L];
+    for (int64_t st = g * steps; st < (g + 1) * steps; ++st) {
+      const int64_t k = st * kCols;
+      VecF c[kCols][L];
       GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb) {
-        const uint8_t* p = w + (b0 + nb) * block_bytes + kp * kPairBytes;
+        const uint8_t* p = w + (b0 + nb) * block_bytes + st * kStepBytes;
         GLOWLM_UNROLL for (int v = 0; v < kVecs; ++v) {
+          const int l = nb * kVecs + v;
           if constexpr (BITS == 4) {
-            nibbles_to_vec(p + v * vec::W, lo[nb * kVecs + v], hi[nb * kVecs + v]);
+            VecF u[4];
+            unit_to_vecs(p + 2 * v * vec::W, u);
+            GLOWLM_UNROLL for (int i = 0; i < 4; ++i) c[i][l] = u[i];
           } else {
-            lo[nb * kVecs + v] = u8_to_vec(p + v * vec::W);
-            hi[nb * kVecs + v] = u8_to_vec(p + kRows + v * vec::W);
+            c[0][l] = u8_to_vec(p + v * vec::W);
+            c[1][l] = u8_to_vec(p + kRows + v * vec::W);
           }
         }
       }
       GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
-        const VecF x0 = vec::broadcast(x + m * K + 2 * kp);
-        const VecF x1 = vec::broadcast(x + m * K + 2 * kp + 1);
-        GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
-          acc0[m][l] = vec::fmadd(x0, lo[l], acc0[m][l]);
-          acc1[m][l] = vec::fmadd(x1, hi[l], acc1[m][l]);
+        GLOWLM_UNROLL for (int i = 0; i < kCols; ++i) {
+          const VecF xv = vec::broadcast(x + m * K + k + i);
+          GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
+            if (i % 2 == 0) acc0[m][l] = vec::fmadd(xv, c[i][l], acc0[m][l]);
+            else acc1[m][l] = vec::fmadd(xv, c[i][l], acc1[m][l]);
+          }
         }
       }
     }
     // y += s * sum(x q) - (zero * s) * sum(x), per row of the group.
     GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
-      const int64_t row = b0 * kRows + l * vec::W;
-      const VecF s = vec::load(scales + g * npad + row);
-      const VecF z = vec::load(zs + g * npad + row);
+      const int64_t at = ((b0 + l / kVecs) * G + g) * kRows + (l % kVecs) * vec::W;
+      const VecF s = vec::load(scales + at);
+      const VecF z = vec::load(zs + at);
       GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
         VecF y = vec::load(&yv[m][l * vec::W]);
         y = vec::fmadd(s, vec::add(acc0[m][l], acc1[m][l]), y);
@@ -184,11 +203,147 @@ void wna16_run(const float* x, const float* xs, int64_t M, int64_t K, int64_t G,
   });
 }
 
+#if defined(GLOWLM_VEC_BF16DOT)
+// 4-bit weights x bf16 activations with the pairwise bf16 dot product (vdpbf16ps on
+// AVX512_BF16). Same layout, scales and epilogue as wna16_tile; the inner loop differs:
+// a unit's 32 bytes become two registers of bf16 pairs, (128 + q[r][k], 128 + q[r][k+1])
+// and (.. k + 2, k + 3) (vec::nibble_units, three logic ops), and one dot2 per register
+// and token row multiplies them by that row's (x[k], x[k+1]) or (x[k+2], x[k+3]) into
+// all 16 rows' sums. 128 + q is exact in bf16 and every product exact in fp32, so this
+// is the fp32 path's sum on the bf16 activations plus 128 * sum(x), which the epilogue
+// removes with the zero point — at a third of the fp32 path's instructions per weight
+// byte (it converts every nibble to fp32 and does one FMA per 16 weights, not 32).
+// U accumulator sets (lo, hi of U / 2 units) keep enough dot products in flight for one
+// token row (decode), where MT x NB alone gives too few dependency chains.
+template <int MT, int NB, int U>
+void wna16_bf16_tile(const bf16* x, const float* xs, int64_t K, int64_t G, int64_t group,
+                     const uint8_t* w, const float* scales, const float* zs, int64_t npad,
+                     int64_t b0, float* out, int64_t ldo) {
+  static_assert(U % 2 == 0, "lo and hi of each unit take one accumulator set each");
+  constexpr int L = NB * kVecs;
+  constexpr int64_t kUnitBytes = 2 * kRows;
+  const int64_t block_bytes = K * kRows / 2;
+  float yv[MT][L * vec::W];
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    GLOWLM_UNROLL for (int l = 0; l < L; ++l) vec::store(&yv[m][l * vec::W], vec::zero());
+  const int64_t units = group / 4;
+  for (int64_t g = 0; g < G; ++g) {
+    VecF acc[MT][L][U];
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+      GLOWLM_UNROLL for (int l = 0; l < L; ++l)
+        GLOWLM_UNROLL for (int u = 0; u < U; ++u) acc[m][l][u] = vec::zero();
+    auto unit = [&](int64_t un, int a) {  // unit un into accumulator sets a, a + 1
+      vec::VecBF lo[L], hi[L];
+      GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb)
+        GLOWLM_UNROLL for (int v = 0; v < kVecs; ++v)
+          vec::nibble_units(w + (b0 + nb) * block_bytes + un * kUnitBytes + 2 * v * vec::W,
+                            lo[nb * kVecs + v], hi[nb * kVecs + v]);
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+        const vec::VecBF x01 = vec::broadcast_pair(x + m * K + 4 * un);
+        const vec::VecBF x23 = vec::broadcast_pair(x + m * K + 4 * un + 2);
+        GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
+          acc[m][l][a] = vec::dot2(acc[m][l][a], lo[l], x01);
+          acc[m][l][a + 1] = vec::dot2(acc[m][l][a + 1], hi[l], x23);
+        }
+      }
+    };
+    const int64_t u0 = g * units, u1 = u0 + units;
+    int64_t un = u0;
+    for (; un + U / 2 <= u1; un += U / 2)
+      GLOWLM_UNROLL for (int i = 0; i < U / 2; ++i) unit(un + i, 2 * i);
+    for (; un < u1; ++un) unit(un, 0);  // a group of units not divisible by U / 2
+    // y += s * (sum(x (128 + q)) - (zero + 128) * sum(x)), per row of the group.
+    GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
+      const int64_t at = ((b0 + l / kVecs) * G + g) * kRows + (l % kVecs) * vec::W;
+      const VecF s = vec::load(scales + at);
+      const VecF z = vec::fmadd(vec::set1(128.0f), s, vec::load(zs + at));
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+        VecF a = acc[m][l][0];
+        GLOWLM_UNROLL for (int u = 1; u < U; ++u) a = vec::add(a, acc[m][l][u]);
+        VecF y = vec::load(&yv[m][l * vec::W]);
+        y = vec::fmadd(s, a, y);
+        y = vec::fmadd(vec::sub(vec::zero(), z), vec::set1(xs[m * G + g]), y);
+        vec::store(&yv[m][l * vec::W], y);
+      }
+    }
+  }
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    std::memcpy(out + m * ldo + b0 * kRows, yv[m], sizeof(float) * L * vec::W);
+}
+
+template <int NB>
+void wna16_bf16_rows(const bf16* x, const float* xs, int64_t M, int64_t K, int64_t G,
+                     int64_t group, const uint8_t* w, const float* scales, const float* zs,
+                     int64_t npad, int64_t b0, float* out) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4)
+    wna16_bf16_tile<4, NB, 2>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
+                              out + m * npad, npad);
+  for (; m + 2 <= M; m += 2)
+    wna16_bf16_tile<2, NB, 2>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
+                              out + m * npad, npad);
+  for (; m < M; ++m)
+    wna16_bf16_tile<1, NB, 4>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
+                              out + m * npad, npad);
+}
+
+void wna16_bf16_run(const bf16* x, const float* xs, int64_t M, int64_t K, int64_t G,
+                    int64_t group, const uint8_t* w, const float* scales, const float* zs,
+                    int64_t npad, float* out) {
+  constexpr int NB = kVecs == 1 ? 2 : 1;
+  const int64_t blocks = npad / kRows;
+  const int64_t items = (blocks + NB - 1) / NB;
+  constexpr int64_t kTokenChunk = 64;
+  const int64_t mchunks = (M + kTokenChunk - 1) / kTokenChunk;
+  parallel_chunks(items * mchunks, [&](int64_t i) {
+    const int64_t item = i % items, mc = i / items;
+    const int64_t m0 = mc * kTokenChunk, mn = std::min(kTokenChunk, M - m0);
+    const int64_t b0 = item * NB;
+    if (b0 + NB <= blocks) {
+      wna16_bf16_rows<NB>(x + m0 * K, xs + m0 * G, mn, K, G, group, w, scales, zs, npad, b0,
+                          out + m0 * npad);
+    } else {
+      for (int64_t b = b0; b < blocks; ++b)
+        wna16_bf16_rows<1>(x + m0 * K, xs + m0 * G, mn, K, G, group, w, scales, zs, npad, b,
+                           out + m0 * npad);
+    }
+  });
+}
+#endif
+
+// xs[m, g]: the sum of row m's activations over column group g, as the kernels see them.
+template <typename T>
+void group_sums(const T* x, int64_t M, int64_t K, int64_t group, float* xs) {
+  const int64_t G = K / group;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float s = 0.f;
+      for (int64_t k = g * group; k < (g + 1) * group; ++k) s += vec::to_float(x[m * K + k]);
+      xs[m * G + g] = s;
+    }
+}
+
+// The first n of npad fp32 columns (+ bias) in the activations' dtype, in one pass.
 at::Tensor finish(const at::Tensor& acc, int64_t n, const std::optional<at::Tensor>& bias,
                   at::ScalarType dtype) {
-  at::Tensor y = acc.narrow(1, 0, n);
-  if (bias.has_value()) y = y + bias->to(at::kFloat);
-  return y.to(dtype).contiguous();
+  const int64_t M = acc.size(0), npad = acc.size(1);
+  at::Tensor b;
+  if (bias.has_value()) b = bias->to(at::kFloat).contiguous();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const float* a = acc.data_ptr<float>();
+  auto emit = [&](auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < n; ++j)
+        o[m * n + j] = vec::from_float<T>(a[m * npad + j] + (bp ? bp[j] : 0.f));
+  };
+  if (dtype == at::kFloat && npad == n && bp == nullptr) return acc;
+  at::Tensor y = at::empty({M, n}, acc.options().dtype(dtype));
+  if (dtype == at::kFloat) emit(y.data_ptr<float>());
+  else if (dtype == at::kBFloat16) emit(reinterpret_cast<bf16*>(y.data_ptr<at::BFloat16>()));
+  else if (dtype == at::kHalf) emit(reinterpret_cast<fp16*>(y.data_ptr<at::Half>()));
+  else return (acc.narrow(1, 0, n) + (b.defined() ? b : at::zeros({n}, acc.options()))).to(dtype);
+  return y;
 }
 
 }  // namespace
@@ -201,27 +356,36 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous(),
               "wna16_linear: weight must be contiguous uint8 (prepared layout)");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && zs.scalar_type() == at::kFloat &&
-                  scales.is_contiguous() && zs.is_contiguous(),
-              "wna16_linear: scales and zs must be contiguous float32 [G, Npad]");
-  const int64_t M = x.size(0), K = x.size(1), G = scales.size(0), npad = scales.size(1);
-  TORCH_CHECK(group_size % 2 == 0 && G * group_size == K, "wna16_linear: K ", K,
-              " is not ", G, " groups of ", group_size);
+                  scales.is_contiguous() && zs.is_contiguous() && scales.dim() == 3 &&
+                  scales.size(2) == kRows && zs.sizes() == scales.sizes(),
+              "wna16_linear: scales and zs must be contiguous float32 [N/16, G, 16]");
+  const int64_t M = x.size(0), K = x.size(1), G = scales.size(1), npad = scales.size(0) * kRows;
+  TORCH_CHECK(group_size % (bits == 4 ? 4 : 2) == 0 && G * group_size == K, "wna16_linear: K ",
+              K, " is not ", G, " groups of ", group_size, " (a multiple of ", 16 / bits, ")");
   TORCH_CHECK(npad % kRows == 0 && n <= npad && weight.numel() == npad * K * bits / 8,
               "wna16_linear: weight does not match N ", npad, " x K ", K);
-  at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor xs = xf.view({M, G, group_size}).sum(2).contiguous();
   at::Tensor out = at::empty({M, npad}, x.options().dtype(at::kFloat));
-  if (M > 0) {
-    const uint8_t* w = weight.data_ptr<uint8_t>();
-    if (bits == 4)
-      wna16_run<4>(xf.data_ptr<float>(), xs.data_ptr<float>(), M, K, G, group_size, w,
-                   scales.data_ptr<float>(), zs.data_ptr<float>(), npad,
-                   out.data_ptr<float>());
-    else
-      wna16_run<8>(xf.data_ptr<float>(), xs.data_ptr<float>(), M, K, G, group_size, w,
-                   scales.data_ptr<float>(), zs.data_ptr<float>(), npad,
-                   out.data_ptr<float>());
+  if (M == 0) return finish(out, n, bias, x.scalar_type());
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* zp = zs.data_ptr<float>();
+  std::vector<float> xs(static_cast<size_t>(M * G));
+#if defined(GLOWLM_VEC_BF16DOT)
+  if (bits == 4 && x.scalar_type() == at::kBFloat16) {
+    at::Tensor xb = x.contiguous();
+    const bf16* xp = reinterpret_cast<const bf16*>(xb.data_ptr<at::BFloat16>());
+    group_sums(xp, M, K, group_size, xs.data());
+    wna16_bf16_run(xp, xs.data(), M, K, G, group_size, w, sp, zp, npad, out.data_ptr<float>());
+    return finish(out, n, bias, x.scalar_type());
   }
+#endif
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  const float* xp = xf.data_ptr<float>();
+  group_sums(xp, M, K, group_size, xs.data());
+  if (bits == 4)
+    wna16_run<4>(xp, xs.data(), M, K, G, group_size, w, sp, zp, npad, out.data_ptr<float>());
+  else
+    wna16_run<8>(xp, xs.data(), M, K, G, group_size, w, sp, zp, npad, out.data_ptr<float>());
   return finish(out, n, bias, x.scalar_type());
 }
 
