@@ -43,12 +43,33 @@ class EngineConfig:
     #: replica this engine is (its ranks' place in the binding plan).
     data_parallel_size: int = 1
     data_parallel_rank: int = 0
+    #: Ranks on several hosts, one command per host (vLLM's --nnodes / --node-rank /
+    #: --master-addr / --master-port; docs/parallelism.md "Two hosts"). Node 0 runs the
+    #: driver (rank 0); node n runs ranks n*L .. n*L+L-1, L = world size / nnodes.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
     served_model_name: str | None = None
     online: bool = False
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def local_world_size(self) -> int:
+        """Ranks on each host (all of them on one host)."""
+        return self.world_size // self.nnodes
+
+    def binding_slot(self, rank: int) -> tuple[int, int]:
+        """(ranks this host's binding plan places, ``rank``'s index among them): the
+        host's ranks only when they span hosts; a data-parallel replica's ranks come
+        after the earlier replicas' (one host)."""
+        if self.nnodes > 1:
+            return self.local_world_size, rank - self.node_rank * self.local_world_size
+        world = self.world_size
+        return world * self.data_parallel_size, self.data_parallel_rank * world + rank
 
     @classmethod
     def create(cls, model: str, *, online: bool = False, **kwargs: object) -> EngineConfig:
@@ -91,5 +112,22 @@ class EngineConfig:
                            ("--data-parallel-size", self.data_parallel_size)):
             if not isinstance(size, int) or size < 1:
                 raise ConfigError(f"{flag} must be an integer >= 1, got {size!r}")
+        if not isinstance(self.nnodes, int) or self.nnodes < 1:
+            raise ConfigError(f"--nnodes must be an integer >= 1, got {self.nnodes!r}")
+        if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node-rank must be in 0..{self.nnodes - 1} (--nnodes "
+                              f"{self.nnodes}), got {self.node_rank!r}")
+        if self.nnodes > 1:
+            if self.world_size % self.nnodes:
+                raise ConfigError(
+                    f"--nnodes {self.nnodes} does not divide the {self.world_size} ranks "
+                    f"(--tensor-parallel-size {self.tensor_parallel_size} x "
+                    f"--pipeline-parallel-size {self.pipeline_parallel_size}): every host "
+                    "runs the same number of ranks")
+            if self.data_parallel_size > 1:
+                raise ConfigError("--data-parallel-size > 1 runs on one host; with --nnodes "
+                                  "> 1 use -tp/-pp across the hosts")
+        if self.master_port is not None and not 0 < self.master_port < 65535:
+            raise ConfigError(f"--master-port must be in 1..65534, got {self.master_port}")
         if self.kv_cache_space_gib is not None and self.kv_cache_space_gib <= 0:
             raise ConfigError("the KV cache space must be > 0 GiB")

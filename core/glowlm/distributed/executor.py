@@ -1,27 +1,37 @@
-"""Rank processes for tensor and pipeline parallelism on one host.
+"""Rank processes for tensor and pipeline parallelism, on one host or several.
 
 The driver (rank 0) lives in the engine's process: it schedules, builds each
-step's inputs, broadcasts them and samples. Ranks 1..world-1 are processes
-started with ``spawn`` (a fresh interpreter: OpenMP, the allocator and the NUMA
-policy are set per rank before torch's thread pool exists, and no parent state
-is copied by ``fork``). Each rank binds its OpenMP threads to its own CPU list
-(``glowlm.runtime.binding``, one NUMA node per rank with ``auto``), plans its
-memory, loads its shard and then loops on the step broadcast.
+step's inputs, broadcasts them and samples. The other ranks of its host are
+processes started with ``spawn`` (a fresh interpreter: OpenMP, the allocator and
+the NUMA policy are set per rank before torch's thread pool exists, and no
+parent state is copied by ``fork``). Each rank binds its OpenMP threads to its
+own CPU list (``glowlm.runtime.binding``, one NUMA node per rank with ``auto``),
+plans its memory, loads its shard and then loops on the step broadcast.
 
-Start-up is a handshake over one pipe per rank so that a rank that fails
-(memory plan, broken checkpoint) stops everybody with its own message before
-weights are read elsewhere: every rank plans, reports "planned" and waits for
-"load"; after loading each reports the KV blocks it can hold and all use the
-smallest. Then ``torch.distributed`` (gloo) is initialised over TCP at
-``MASTER_ADDR:MASTER_PORT`` and checks the group with one all-reduce; the
-steps themselves go through the shared-memory groups of
-:mod:`glowlm.distributed.shm`.
+Several hosts (``--nnodes N``, one command per host): node 0 runs the driver and
+ranks 0..L-1 (L = world / N); node n runs a headless command
+(:mod:`glowlm.distributed.node`) that connects to the driver at
+``--master-addr:--master-port`` and starts ranks n*L .. n*L+L-1. To the driver a
+remote node is one more peer of the start-up handshake, and each step's inputs
+go to it over that connection; the node relays them to its ranks through its own
+shared memory. Groups whose ranks are all on one host use shared memory there;
+groups that span hosts use gloo (:mod:`glowlm.distributed.gloo`).
 
-Failure: a monitor thread in the driver watches every rank's process sentinel.
-When one exits unexpectedly it records one line ("rank 1 (pid N) was killed by
-SIGKILL"), aborts the shared-memory groups (every wait raises RankFailure with
-that line) and terminates the other ranks. Ranks die with the driver
-(``PR_SET_PDEATHSIG``) and ignore Ctrl-C, which the driver handles.
+Start-up is a handshake (a pipe per local rank, a TCP connection per remote node)
+so that a rank that fails (memory plan, broken checkpoint) stops everybody with
+its own message before weights are read elsewhere: every rank plans, reports
+"planned" and waits for "load"; after loading each reports the KV blocks it can
+hold and all use the smallest. Then ``torch.distributed`` (gloo) is initialised
+over TCP and checked with one all-reduce (port ``MASTER_PORT`` on one host,
+``--master-port`` + 1 with several).
+
+Failure: a monitor thread in the driver watches every local rank's process
+sentinel and every remote node's connection. When one ends unexpectedly it
+records one line ("rank 1 (pid N) was killed by SIGKILL", "node 1 (...) went
+away"), aborts the shared-memory groups (every wait raises RankFailure with that
+line), terminates the local ranks and tells the other nodes to stop. Ranks die
+with the process that started them (``PR_SET_PDEATHSIG``) and ignore Ctrl-C,
+which the driver handles.
 """
 
 from __future__ import annotations
@@ -39,41 +49,105 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from glowlm.distributed.gloo import GlooGroup, init_gloo
 from glowlm.distributed.parallel import ParallelState
-from glowlm.distributed.shm import ShmGroup, create_segment, unlink_segment
+from glowlm.distributed.shm import RankFailure, ShmGroup, create_segment, unlink_segment
 from glowlm.errors import GlowlmError
 from glowlm.logger import init_logger
 
 logger = init_logger(__name__)
 
+__all__ = ["Executor", "Layout", "RankComms", "init_gloo"]
+
 #: Seconds a rank may take from spawn to "planned" and from "load" to "loaded".
 SETUP_TIMEOUT = 1800.0
+#: Seconds the driver waits for the other hosts' commands to connect.
+NODE_JOIN_TIMEOUT = 900.0
+#: vLLM's default --master-port.
+DEFAULT_MASTER_PORT = 29501
+#: Shared by every glowlm of the same protocol: a stray connection fails the challenge
+#: instead of being unpickled. It is no secret: run several hosts on a private network.
+AUTHKEY = b"glowlm-nodes-1"
+#: A message to a remote node that is not a pickled step: stop, with the reason after it.
+STOP_PREFIX = b"stop:"
+
+Key = tuple[Any, ...]
+
+
+def group_ranks(tp: int, pp: int) -> dict[Key, list[int]]:
+    """Every communication group of a TP x PP layout: ``("tp", stage)`` (TP > 1),
+    ``("pp", t, s)`` linking stage s and s+1 for TP index t, and ``("pp", t, pp-1)``
+    linking the last stage back to the first (PP > 2; with two stages the pair is the
+    same). Ranks are listed lower stage first."""
+    groups: dict[Key, list[int]] = {}
+    if tp > 1:
+        for s in range(pp):
+            groups[("tp", s)] = [s * tp + t for t in range(tp)]
+    for t in range(tp):
+        for s in range(pp - 1):
+            groups[("pp", t, s)] = [s * tp + t, (s + 1) * tp + t]
+        if pp > 2:
+            groups[("pp", t, pp - 1)] = [t, (pp - 1) * tp + t]
+    return groups
+
+
+def _tag(key: Key) -> str:
+    return f"tp{key[1]}" if key[0] == "tp" else f"pp{key[1]}-{key[2]}"
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Every shared-memory segment of a TP x PP group, by role (paths in /dev/shm)."""
+    """This host's view of a TP x PP group: the shared-memory segments (paths in
+    /dev/shm) of the groups wholly on this host, and which groups span hosts."""
 
     tp: int
     pp: int
-    world_path: str
-    tp_paths: tuple[str, ...]                          # one per pipeline stage
-    pp_paths: dict[tuple[int, int], str] = field(default_factory=dict)  # per tp rank, stage pair
+    nnodes: int = 1
+    node_rank: int = 0
+    #: The step broadcast among this host's ranks (and its relay on nodes > 0); ''
+    #: when this host holds only the driver.
+    world_path: str = ""
+    shm_paths: dict[Key, str] = field(default_factory=dict)
+    gloo_keys: tuple[Key, ...] = ()
 
     @classmethod
-    def create(cls, tp: int, pp: int) -> Layout:
-        world = tp * pp
-        tp_paths = tuple(create_segment(tp, f"tp{s}") if tp > 1 else "" for s in range(pp))
-        pairs: dict[tuple[int, int], str] = {}
-        for t in range(tp):
-            for s in range(pp - 1):
-                pairs[(t, s)] = create_segment(2, f"pp{t}-{s}")
-            if pp > 2:
-                pairs[(t, pp - 1)] = create_segment(2, f"pp{t}-ret")
-        return cls(tp, pp, create_segment(world, "world"), tp_paths, pairs)
+    def create(cls, tp: int, pp: int, nnodes: int = 1, node_rank: int = 0) -> Layout:
+        local = tp * pp // nnodes
+        shm: dict[Key, str] = {}
+        gloo: list[Key] = []
+        try:
+            for key, ranks in group_ranks(tp, pp).items():
+                hosts = {r // local for r in ranks}
+                if len(hosts) > 1:
+                    gloo.append(key)
+                elif hosts == {node_rank}:
+                    shm[key] = create_segment(len(ranks), _tag(key))
+            members = local + (1 if node_rank > 0 else 0)
+            world = create_segment(members, "world") if members > 1 else ""
+        except BaseException:
+            for p in shm.values():
+                unlink_segment(p)
+            raise
+        return cls(tp, pp, nnodes, node_rank, world, shm, tuple(gloo))
+
+    @property
+    def local_world(self) -> int:
+        return self.tp * self.pp // self.nnodes
+
+    def host_ranks(self) -> range:
+        return range(self.node_rank * self.local_world, (self.node_rank + 1) * self.local_world)
+
+    @property
+    def world_members(self) -> int:
+        """Members of this host's step-broadcast group: its ranks, plus the relay
+        (index 0) on nodes > 0."""
+        return self.local_world + (1 if self.node_rank > 0 else 0)
+
+    def world_index(self, rank: int) -> int:
+        return rank - self.host_ranks().start + (1 if self.node_rank > 0 else 0)
 
     def paths(self) -> list[str]:
-        return [self.world_path, *[p for p in self.tp_paths if p], *self.pp_paths.values()]
+        return [p for p in (self.world_path, *self.shm_paths.values()) if p]
 
     def unlink(self) -> None:
         for p in self.paths():
@@ -81,31 +155,59 @@ class Layout:
 
 
 class RankComms:
-    """The groups one rank takes part in, mapped."""
+    """The groups one rank takes part in: shared memory within its host, gloo across."""
 
     def __init__(self, layout: Layout, rank: int) -> None:
-        tp, pp = layout.tp, layout.pp
+        tp = layout.tp
+        self.layout = layout
         self.rank, self.tp_rank, self.pp_rank = rank, rank % tp, rank // tp
-        self.world = ShmGroup(layout.world_path, tp * pp, rank, name="world")
-        self.tp_group = (ShmGroup(layout.tp_paths[self.pp_rank], tp, self.tp_rank, name="tp")
-                         if tp > 1 else None)
-        #: stage pair key -> (group, my index in it); pair (t, s) links stage s and s+1,
-        #: pair (t, pp-1) links the last stage back to stage 0 (pp > 2 only).
-        self.pairs: dict[int, ShmGroup] = {}
-        for (t, s), path in layout.pp_paths.items():
-            if t != self.tp_rank:
+        self.world = (ShmGroup(layout.world_path, layout.world_members,
+                               layout.world_index(rank), name="world")
+                      if layout.world_path else None)
+        all_groups = group_ranks(tp, layout.pp)
+        #: gloo groups in creation order (every rank creates all of them), None where
+        #: this rank is not a member.
+        self._gloo: list[tuple[list[int], GlooGroup | None]] = []
+        mine: dict[Key, ShmGroup | GlooGroup] = {}
+        for key in layout.gloo_keys:
+            ranks = all_groups[key]
+            group = GlooGroup(ranks, ranks.index(rank), _tag(key)) if rank in ranks else None
+            self._gloo.append((ranks, group))
+            if group is not None:
+                mine[key] = group
+        for key, path in layout.shm_paths.items():
+            ranks = all_groups[key]
+            if rank in ranks:
+                mine[key] = ShmGroup(path, len(ranks), ranks.index(rank), name=_tag(key))
+        self.tp_group = mine.get(("tp", self.pp_rank)) if tp > 1 else None
+        #: other stage -> the pair group linking it with this rank's stage (same TP index).
+        self.pairs: dict[int, ShmGroup | GlooGroup] = {}
+        for key, group in mine.items():
+            if key[0] != "pp":
                 continue
-            a, b = (s, s + 1) if s < pp - 1 else (0, pp - 1)
-            if self.pp_rank in (a, b):
-                other = b if self.pp_rank == a else a
-                self.pairs[other] = ShmGroup(path, 2, 0 if self.pp_rank == a else 1,
-                                             name=f"pp{a}-{b}")
+            a, b = all_groups[key]
+            self.pairs[(b if rank == a else a) // tp] = group
 
-    def groups(self) -> list[ShmGroup]:
-        out = [self.world, *self.pairs.values()]
+    def connect(self) -> None:
+        """Create the gloo groups (after init_gloo; every rank, same order)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        from glowlm.distributed.gloo import TIMEOUT_SECONDS
+
+        for ranks, group in self._gloo:
+            if group is not None:
+                group.connect()
+            else:
+                dist.new_group(ranks, timeout=timedelta(seconds=TIMEOUT_SECONDS))
+
+    def groups(self) -> list[ShmGroup | GlooGroup]:
+        out: list[ShmGroup | GlooGroup] = [self.world] if self.world is not None else []
+        out += list(self.pairs.values())
         return out + ([self.tp_group] if self.tp_group is not None else [])
 
-    def peer(self, stage: int) -> tuple[ShmGroup, int, int]:
+    def peer(self, stage: int) -> tuple[Any, int, int]:
         """(group linking this rank to ``stage``'s rank of the same TP index, my index,
         its index)."""
         group = self.pairs[stage]
@@ -120,13 +222,18 @@ class RankComms:
             g.abort()
 
 
-def _free_port() -> int:
+def span(ranks: range) -> str:
+    """'rank 2' or 'ranks 2-3'."""
+    return f"rank {ranks.start}" if len(ranks) == 1 else f"ranks {ranks.start}-{ranks.stop - 1}"
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _exit_description(code: int | None) -> str:
+def exit_description(code: int | None) -> str:
     if code is None:
         return "is running"
     if code < 0:
@@ -139,51 +246,154 @@ def _exit_description(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def init_gloo(rank: int, world: int, addr: str, port: int) -> None:
-    """Join the torch.distributed (gloo) group and check it with one all-reduce."""
-    from datetime import timedelta
+def master_address(config: Any) -> tuple[str, int]:
+    """(address, port) the hosts meet at: flags, then MASTER_ADDR / MASTER_PORT, then
+    vLLM's defaults (127.0.0.1:29501)."""
+    addr = config.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    port = config.master_port or int(os.environ.get("MASTER_PORT") or DEFAULT_MASTER_PORT)
+    return addr, int(port)
 
-    import torch
-    import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=120))
-    check = torch.ones(1)
-    dist.all_reduce(check)
-    if int(check.item()) != world:
-        raise GlowlmError(f"the gloo group is inconsistent ({int(check.item())} of {world})")
+@dataclass
+class Peer:
+    """One party of the start-up handshake: a local rank (``proc``) or a remote node."""
+
+    label: str          # "rank 1" / "node 1"
+    conn: Any
+    proc: Any = None    # the rank's process; None for a remote node
+    node: int = 0       # the remote node's rank
+    where: str = ""     # the remote node's host and pid
+
+    def gone(self) -> str:
+        if self.proc is not None:
+            self.proc.join(0.5)
+            return f"{self.label} (pid {self.proc.pid}) {exit_description(self.proc.exitcode)}"
+        return f"{self.label} ({self.where}) went away: its connection closed"
+
+
+def collect(peers: list[Peer], kind: str) -> list[Any]:
+    """One ``kind`` message from every peer, in order; raises GlowlmError naming the
+    first peer that reports an error or ends (the caller stops the others)."""
+    values: dict[int, Any] = {}
+    deadline = time.monotonic() + SETUP_TIMEOUT
+    while len(values) < len(peers):
+        waiting = [i for i in range(len(peers)) if i not in values]
+        handles = {id(peers[i].conn): i for i in waiting}
+        sentinels = {peers[i].proc.sentinel: i for i in waiting if peers[i].proc is not None}
+        ready = mpc.wait([peers[i].conn for i in waiting] + list(sentinels),
+                         timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise GlowlmError(f"rank start-up timed out waiting for {kind!r}")
+        for obj in ready:
+            if id(obj) in handles:
+                i = handles[id(obj)]
+                peer = peers[i]
+                try:
+                    tag, value = _recv(peer)
+                except EOFError:
+                    if peer.proc is None:
+                        raise GlowlmError(f"{peer.gone()} during start-up") from None
+                    continue  # a local rank: its sentinel says why
+                if tag == "error":
+                    # A node's errors already name their rank.
+                    raise GlowlmError(value if peer.proc is None else f"{peer.label}: {value}")
+                if tag == "stop":
+                    raise GlowlmError(value)
+                values[i] = value
+            else:
+                i = sentinels[obj]
+                if i not in values:
+                    raise GlowlmError(f"{peers[i].gone()} during start-up")
+    return [values[i] for i in range(len(peers))]
+
+
+def _recv(peer: Peer) -> tuple[str, Any]:
+    """A handshake message; remote nodes send pickled tuples, or a stop notice."""
+    if peer.proc is not None:
+        return peer.conn.recv()
+    try:
+        data = peer.conn.recv_bytes()
+    except OSError:
+        raise EOFError from None
+    if data.startswith(STOP_PREFIX):
+        return "stop", data[len(STOP_PREFIX):].decode(errors="replace")
+    return pickle.loads(data)
+
+
+def spawn_ranks(config: Any, layout: Layout, ranks: range, addr: str, port: int
+                ) -> list[Peer]:
+    """Start ``ranks`` of this host as processes (spawn); each reports over its pipe."""
+    from glowlm.distributed.worker import worker_main
+
+    ctx = mp.get_context("spawn")
+    peers = []
+    for rank in ranks:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=worker_main, name=f"glowlm-rank{rank}",
+                           args=(config, layout, rank, child, addr, port, os.getpid()),
+                           daemon=True)
+        proc.start()
+        child.close()
+        peers.append(Peer(f"rank {rank}", parent, proc))
+    return peers
+
+
+def terminate(procs: list[Any], grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds."""
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(Exception):
+                p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            with contextlib.suppress(Exception):
+                p.kill()
+            p.join(1.0)
 
 
 class Executor:
-    """Starts ranks 1..world-1, runs the start-up handshake, broadcasts steps, stops them."""
+    """Starts this host's ranks 1..L-1, lets the other hosts join, runs the start-up
+    handshake, broadcasts steps, stops everybody."""
 
     def __init__(self, config: Any) -> None:
+        if config.node_rank > 0:
+            from glowlm.errors import ConfigError
+
+            raise ConfigError(f"--node-rank {config.node_rank} runs no engine: start that "
+                              "host with 'glowlm serve MODEL ... --node-rank "
+                              f"{config.node_rank} --headless' (node 0 runs the driver)")
         self.config = config
         self.tp, self.pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.world = self.tp * self.pp
-        self.layout = Layout.create(self.tp, self.pp)
-        self.addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        self.port = int(os.environ.get("MASTER_PORT") or _free_port())
+        self.nnodes = config.nnodes
         self._stopping = False
         self._in_loop = False
         self._failure: str | None = None
+        self._lock = threading.Lock()
         self.procs: list[Any] = []
         self.conns: list[Any] = []
+        self.local: list[Peer] = []
+        self.nodes: list[Peer] = []
+        self._listener: socket.socket | None = None
+        self.layout = Layout.create(self.tp, self.pp, self.nnodes, 0)
+        if self.nnodes > 1:
+            self.addr, control = master_address(config)
+            self.port = control + 1
+        else:
+            self.addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            self.port = int(os.environ.get("MASTER_PORT") or free_port())
         try:
             self.comms = RankComms(self.layout, 0)
-            ctx = mp.get_context("spawn")
-            from glowlm.distributed.worker import worker_main
-
-            for rank in range(1, self.world):
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=worker_main, name=f"glowlm-rank{rank}",
-                                   args=(config, self.layout, rank, child, self.addr, self.port,
-                                         os.getpid()),
-                                   daemon=True)
-                proc.start()
-                child.close()
-                self.procs.append(proc)
-                self.conns.append(parent)
+            if self.nnodes > 1:  # listen before the ranks start: a busy port fails at once
+                self._listener = _listen(self.addr, control)
+            self.local = spawn_ranks(config, self.layout, range(1, self.layout.local_world),
+                                     self.addr, self.port)
+            self.procs = [p.proc for p in self.local]
+            self.conns = [p.conn for p in self.local]
+            if self.nnodes > 1:
+                self.nodes = self._accept_nodes(control)
         except BaseException:
             self.shutdown()
             raise
@@ -191,8 +401,92 @@ class Executor:
                                          daemon=True)
         self._monitor.start()
         atexit.register(self.shutdown)
-        logger.info("started %d rank process(es) (TP %d x PP %d): pids %s", self.world - 1,
-                    self.tp, self.pp, ", ".join(str(p.pid) for p in self.procs))
+        pids = ", ".join(str(p.pid) for p in self.procs) or "none"
+        if self.nnodes > 1:
+            logger.info("TP %d x PP %d on %d hosts: %s on this host (rank 0 is the driver; "
+                        "rank processes: pids %s)", self.tp, self.pp, self.nnodes,
+                        span(self.layout.host_ranks()), pids)
+        else:
+            logger.info("started %d rank process(es) (TP %d x PP %d): pids %s",
+                        len(self.procs), self.tp, self.pp, pids)
+
+    # -- other hosts ----------------------------------------------------------------------
+
+    def _accept_nodes(self, control: int) -> list[Peer]:
+        """Wait for nodes 1..N-1 to connect and say hello; send each the engine config."""
+        from glowlm.distributed.node import describe_model, headless_command
+
+        assert self._listener is not None
+        expected = set(range(1, self.nnodes))
+        nodes: dict[int, Peer] = {}
+        logger.info("waiting for %d other host(s) at %s:%d; on host n (1..%d) run: %s",
+                    len(expected), self.addr, control, self.nnodes - 1,
+                    headless_command(self.config, self.addr, control))
+        mine = describe_model(self.config)
+        deadline = time.monotonic() + NODE_JOIN_TIMEOUT
+        while expected - set(nodes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = ", ".join(map(str, sorted(expected - set(nodes))))
+                raise GlowlmError(f"node(s) {missing} of --nnodes {self.nnodes} did not join "
+                                  f"within {NODE_JOIN_TIMEOUT:.0f} s at {self.addr}:{control}")
+            ready = mpc.wait([self._listener, *[p.proc.sentinel for p in self.local]],
+                             timeout=min(left, 1.0))
+            for obj in ready:
+                if obj is not self._listener:
+                    peer = next(p for p in self.local if p.proc.sentinel == obj)
+                    raise GlowlmError(f"{peer.gone()} during start-up")
+            if self._listener not in ready:
+                continue
+            sock, peer_addr = self._listener.accept()
+            set_socket_options(sock, timeout=30.0)  # a silent stranger cannot stall us
+            conn = mpc.Connection(sock.detach())
+            try:
+                mpc.deliver_challenge(conn, AUTHKEY)
+                mpc.answer_challenge(conn, AUTHKEY)
+                tag, hello = pickle.loads(conn.recv_bytes())
+                if tag != "hello" or not isinstance(hello, dict):
+                    raise ValueError(f"expected a hello, got {tag!r}")
+            except (OSError, EOFError, mpc.AuthenticationError, pickle.UnpicklingError,
+                    ValueError, TypeError) as exc:
+                logger.warning("ignored a connection from %s:%d that is not a glowlm node "
+                               "(%s)", peer_addr[0], peer_addr[1], exc)
+                conn.close()
+                continue
+            set_socket_options(conn, timeout=None)
+            node = hello.get("node_rank")
+            problem = self._check_hello(hello, mine, nodes)
+            if problem:
+                with contextlib.suppress(OSError):
+                    conn.send_bytes(pickle.dumps(("error", problem)))
+                conn.close()
+                raise GlowlmError(problem)
+            where = f"{hello.get('host', peer_addr[0])}, pid {hello.get('pid')}"
+            nodes[node] = Peer(f"node {node}", conn, None, node, where)
+            local = self.layout.local_world
+            logger.info("node %d joined from %s (%s): %s", node, peer_addr[0], where,
+                        span(range(node * local, node * local + local)))
+        joined = [nodes[n] for n in sorted(nodes)]
+        for peer in joined:
+            peer.conn.send_bytes(pickle.dumps(("config", self.config)))
+        return joined
+
+    def _check_hello(self, hello: dict[str, Any], mine: str, nodes: dict[int, Peer]
+                     ) -> str | None:
+        node = hello.get("node_rank")
+        theirs = (hello.get("tp"), hello.get("pp"), hello.get("nnodes"))
+        if theirs != (self.tp, self.pp, self.nnodes):
+            return (f"node {node} was started with -tp {theirs[0]} -pp {theirs[1]} --nnodes "
+                    f"{theirs[2]}, node 0 with -tp {self.tp} -pp {self.pp} --nnodes "
+                    f"{self.nnodes}; every host needs the same sizes")
+        if not isinstance(node, int) or not 1 <= node < self.nnodes:
+            return f"a node joined with --node-rank {node}; expected 1..{self.nnodes - 1}"
+        if node in nodes:
+            return f"two hosts were started with --node-rank {node}"
+        if hello.get("model") != mine:
+            return (f"node {node}'s model ({hello.get('model')}) differs from node 0's "
+                    f"({mine}); every host needs the same checkpoint")
+        return None
 
     # -- start-up handshake ---------------------------------------------------------------
 
@@ -200,42 +494,20 @@ class Executor:
         return DriverLink(self)
 
     def _collect(self, kind: str) -> list[Any]:
-        """One ``kind`` message from every rank; a rank's error or death stops all."""
-        values: dict[int, Any] = {}
-        deadline = time.monotonic() + SETUP_TIMEOUT
-        while len(values) < len(self.conns):
-            pending = [c for i, c in enumerate(self.conns) if i + 1 not in values]
-            ready = mpc.wait(pending + [p.sentinel for i, p in enumerate(self.procs)
-                                        if i + 1 not in values],
-                             timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                self.shutdown()
-                raise GlowlmError(f"rank start-up timed out waiting for {kind!r}")
-            for obj in ready:
-                if obj in self.conns:
-                    rank = self.conns.index(obj) + 1
-                    try:
-                        tag, value = obj.recv()
-                    except EOFError:
-                        continue  # its sentinel says why
-                    if tag == "error":
-                        self.shutdown()
-                        raise GlowlmError(f"rank {rank}: {value}")
-                    values[rank] = value
-                else:
-                    rank = [p.sentinel for p in self.procs].index(obj) + 1
-                    if rank in values:
-                        continue
-                    proc = self.procs[rank - 1]
-                    proc.join(0.5)
-                    self.shutdown()
-                    raise GlowlmError(f"rank {rank} (pid {proc.pid}) "
-                                      f"{_exit_description(proc.exitcode)} during start-up")
-        return [values[r] for r in range(1, self.world)]
+        """One ``kind`` message from every local rank and remote node; an error or an
+        end stops all."""
+        try:
+            return collect(self.local + self.nodes, kind)
+        except GlowlmError as exc:
+            self._stop_nodes(str(exc))
+            self.shutdown()
+            raise
 
     def _send_all(self, message: Any) -> None:
         for c in self.conns:
             c.send(message)
+        for node in self.nodes:
+            node.conn.send_bytes(pickle.dumps(message))
 
     def planned(self) -> None:
         """Driver planned its memory: wait for every rank's plan, then let all load."""
@@ -250,14 +522,25 @@ class Executor:
         blocks = min([local, *self._collect("loaded")])
         self._send_all(("blocks", blocks))
         init_gloo(0, self.world, self.addr, self.port)
+        self.comms.connect()
         self._collect("gloo")
         return blocks
 
     # -- steps ----------------------------------------------------------------------------
 
     def broadcast(self, payload: Any) -> None:
-        """Send a step (or None: stop) to every rank through shared memory."""
-        self.comms.world.broadcast_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+        """Send a step (or None: stop) to every rank: remote nodes over their connection
+        (first, so the network time overlaps), this host's ranks through shared memory."""
+        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        for node in self.nodes:
+            try:
+                node.conn.send_bytes(data)
+            except OSError:
+                if self._failure is None:
+                    self._failure = f"{node.gone()}; stopped all {self.world} ranks"
+                raise RankFailure(self._failure) from None
+        if self.comms.world is not None:
+            self.comms.world.broadcast_bytes(data)
 
     # -- failure and shutdown ---------------------------------------------------------------
 
@@ -266,53 +549,88 @@ class Executor:
         return self._failure
 
     def _watch(self) -> None:
-        sentinels = {p.sentinel: (i + 1, p) for i, p in enumerate(self.procs)}
-        while sentinels and not self._stopping:
-            ready = mpc.wait(list(sentinels), timeout=0.5)
-            for s in ready:
-                rank, proc = sentinels.pop(s)
-                if self._stopping:
-                    return
-                proc.join(0.1)
-                line = (f"rank {rank} (pid {proc.pid}) {_exit_description(proc.exitcode)}; "
-                        f"stopped all {self.world} ranks")
-                self._failure = line
+        while not self._stopping:
+            watched: dict[Any, Peer] = {p.proc.sentinel: p for p in self.local}
+            if self._in_loop:  # during start-up the handshake reads the nodes' messages
+                watched.update({n.conn: n for n in self.nodes})
+            if not watched:
+                return
+            try:
+                ready = mpc.wait(list(watched), timeout=0.5)
+            except (OSError, ValueError):
+                return  # connections closed by shutdown
+            for obj in ready:
+                with self._lock:
+                    if self._stopping or self._failure is not None:
+                        return
+                    line = f"{self._what_ended(watched[obj])}; stopped all {self.world} ranks"
+                    self._failure = line
                 if self._in_loop:  # during start-up _collect says it
                     logger.error("%s", line)
                 self.comms.abort(line)
-                self._terminate()
+                self._stop_nodes(line)
+                terminate(self.procs)
                 return
 
-    def _terminate(self) -> None:
-        for p in self.procs:
-            if p.is_alive():
-                with contextlib.suppress(Exception):
-                    p.terminate()
-        deadline = time.monotonic() + 3.0
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                with contextlib.suppress(Exception):
-                    p.kill()
-                p.join(1.0)
+    def _what_ended(self, peer: Peer) -> str:
+        """What a local rank's end or a remote node's message / closed connection means."""
+        if peer.proc is not None:
+            return peer.gone()
+        try:
+            tag, value = _recv(peer)
+            return value if tag in ("failed", "stop", "error") else peer.gone()
+        except (EOFError, OSError, pickle.UnpicklingError):
+            return peer.gone()
+
+    def _diagnose(self) -> None:
+        """A step failed before the monitor saw why (a gloo call noticed first): look
+        for the rank or node that ended, so the failure names it."""
+        with self._lock:
+            if self._failure is not None or not self._in_loop:
+                return
+            for peer in self.local:
+                if not peer.proc.is_alive():
+                    self._failure = f"{peer.gone()}; stopped all {self.world} ranks"
+                    return
+            with contextlib.suppress(OSError, ValueError):
+                for node in self.nodes:
+                    if mpc.wait([node.conn], timeout=0.05):
+                        self._failure = (f"{self._what_ended(node)}; stopped all "
+                                         f"{self.world} ranks")
+                        return
+
+    def _stop_nodes(self, reason: str) -> None:
+        """Tell every remote node to stop its ranks (one line, the reason)."""
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.conn.send_bytes(STOP_PREFIX + reason.encode())
+            with contextlib.suppress(Exception):
+                node.conn.close()
 
     def shutdown(self) -> None:
         """Stop every rank (a clean stop message when they are in the step loop)."""
         if self._stopping:
             return
-        self._stopping = True
         comms = getattr(self, "comms", None)
-        if comms is not None and self._failure is None and all(p.is_alive() for p in self.procs):
+        if comms is not None and self._in_loop and any(g.aborted for g in comms.groups()):
+            self._diagnose()
+        self._stopping = True
+        clean = (comms is not None and self._failure is None and self._in_loop
+                 and all(p.is_alive() for p in self.procs))
+        if clean:
             with contextlib.suppress(Exception):
                 # Only reaches ranks already in their step loop; others get SIGTERM below.
-                if self._in_loop:
-                    self.broadcast(None)
-                    deadline = time.monotonic() + 5.0
-                    for p in self.procs:
-                        p.join(max(0.0, deadline - time.monotonic()))
+                self.broadcast(None)
+                deadline = time.monotonic() + 5.0
+                for p in self.procs:
+                    p.join(max(0.0, deadline - time.monotonic()))
         if comms is not None:
             comms.abort("the engine is shutting down")
-        self._terminate()
+        self._stop_nodes(self._failure or "the driver (node 0) is shutting down")
+        terminate(self.procs)
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.close()
         self.layout.unlink()
         with contextlib.suppress(Exception):
             import torch.distributed as dist
@@ -322,6 +640,30 @@ class Executor:
 
     def started_loop(self) -> None:
         self._in_loop = True
+
+
+def set_socket_options(sock: Any, timeout: float | None) -> None:
+    """No Nagle delay on step messages; ``timeout``: a blocking read gives up after it
+    (SO_RCVTIMEO: the descriptor stays blocking, as multiprocessing's Connection needs)."""
+    import struct
+
+    s = sock if isinstance(sock, socket.socket) else socket.socket(fileno=sock.fileno())
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        secs = 0 if timeout is None else int(timeout)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, 0))
+    finally:
+        if s is not sock:
+            s.detach()
+
+
+def _listen(addr: str, port: int) -> socket.socket:
+    try:
+        sock = socket.create_server((addr, port), backlog=64)
+    except OSError as exc:
+        raise GlowlmError(f"cannot listen for the other hosts at {addr}:{port} "
+                          f"(--master-addr/--master-port): {exc.strerror or exc}") from None
+    return sock
 
 
 class DriverLink:
@@ -337,4 +679,3 @@ class DriverLink:
 
     def agree_blocks(self, local: int) -> int:
         return self.executor.agree_blocks(local)
-

@@ -1,6 +1,8 @@
 """One rank process (1..world-1): bind, plan, load its shard, then run steps until told.
 
-The entry point of a ``spawn``-ed rank (see :mod:`glowlm.distributed.executor`).
+The entry point of a ``spawn``-ed rank (see :mod:`glowlm.distributed.executor`),
+started by the driver on its host or by a headless node on another
+(:mod:`glowlm.distributed.node`).
 Its log lines carry ``(rank N)``; errors go back to the driver over the pipe, so
 the user sees one line naming the rank.
 """
@@ -16,7 +18,8 @@ import sys
 import traceback
 from typing import Any
 
-from glowlm.distributed.executor import Layout, RankComms, init_gloo
+from glowlm.distributed.executor import Layout, RankComms
+from glowlm.distributed.gloo import init_gloo
 from glowlm.distributed.shm import RankFailure
 from glowlm.errors import GlowlmError
 
@@ -84,6 +87,7 @@ def worker_main(config: Any, layout: Layout, rank: int, conn: Any, addr: str, po
                              setup.config.block_size, setup.parts.dtype,
                              parallel=link.parallel, comms=comms)
         init_gloo(rank, layout.tp * layout.pp, addr, port)
+        comms.connect()  # the groups that span hosts
         conn.send(("gloo", None))
     except RankFailure:
         os._exit(1)

@@ -170,6 +170,12 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.shutdown()
 
+    @property
+    def failure(self) -> str | None:
+        """The line that ended this engine's TP/PP group (a rank or a host gone), if any:
+        the server's /health reports it."""
+        return self.executor.failure if self.executor is not None else None
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 

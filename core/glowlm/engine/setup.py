@@ -82,7 +82,6 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
     """``link``: this rank's side of a TP/PP group's start-up handshake (``rank``,
     ``parallel``, ``planned()``, ``agree_blocks(n)``; glowlm.distributed), None alone."""
     rank = link.rank if link is not None else 0
-    world = config.world_size
     selection = current_selection(config.platform)
     platform = selection.platform
     for note in platform.startup_notes():
@@ -132,11 +131,12 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
 
     # Threads are placed before any weight is touched, in the thread that runs the
     # model; a server that already bound its engine thread gets its plan back.
-    # A data-parallel replica's ranks come after the earlier replicas' in the plan.
-    dp, first = config.data_parallel_size, config.data_parallel_rank * world
-    logger.info("%s", binding.apply_for_process(num_ranks=world * dp, rank=first + rank,
+    # A data-parallel replica's ranks come after the earlier replicas' in the plan; with
+    # ranks on several hosts, each host plans its own ranks only.
+    num, index = config.binding_slot(rank)
+    logger.info("%s", binding.apply_for_process(num_ranks=num, rank=index,
                                                 serving=config.online,
-                                                rebind=world * dp > 1).describe())
+                                                rebind=num > 1).describe())
     logger.info("%s", preload.describe())
     from glowlm.runtime.memory import plan_memory  # noqa: PLC0415 - runtime is optional here
 

@@ -302,9 +302,9 @@ def plan_memory(info: Any, dtype: torch.dtype, config: Any, max_model_len: int,
     world = config.world_size
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     if topo is None:
-        dp = getattr(config, "data_parallel_size", 1)
-        first = getattr(config, "data_parallel_rank", 0) * world
-        topo, node, sharing = rank_placement(world * dp, config.online, first + rank)
+        # This host's ranks in its binding plan (data-parallel replicas, several hosts).
+        num, index = config.binding_slot(rank)
+        topo, node, sharing = rank_placement(num, config.online, index)
     dims = model_dims(info.hf_config)
     total_weights, largest, source = weight_bytes(info, dtype)
     tied = bool(getattr(info.hf_config, "tie_word_embeddings", False))

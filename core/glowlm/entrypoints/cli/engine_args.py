@@ -93,6 +93,18 @@ def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
     par.add_argument("-pp", "--pipeline-parallel-size", type=int, metavar="N",
                      help="pipeline stages, the model's layers split between them; combines "
                           "with -tp (TP x PP ranks; default 1)")
+    par.add_argument("-n", "--nnodes", type=int, metavar="N",
+                     help="hosts the TP x PP ranks are spread over, one command per host "
+                          "(default 1)")
+    par.add_argument("-r", "--node-rank", type=int, metavar="R",
+                     help="this host's index, 0..N-1; host 0 runs the driver (this command), "
+                          "the others 'glowlm serve ... --headless' (default 0)")
+    par.add_argument("--master-addr", metavar="ADDR",
+                     help="host 0's address, where the other hosts connect (default "
+                          "MASTER_ADDR, else 127.0.0.1)")
+    par.add_argument("--master-port", type=int, metavar="PORT",
+                     help="host 0's port for the other hosts; gloo uses PORT + 1 "
+                          "(default MASTER_PORT, else 29501)")
     if online:
         par.add_argument("-dp", "--data-parallel-size", type=int, metavar="N",
                          help="engine replicas (processes) behind this server, each with its "
@@ -107,7 +119,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "max_model_len",
             "block_size", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
             "allow_pickle", "seed")
-    keys = (*keys, "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+    keys = (*keys, "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+            "nnodes", "node_rank", "master_addr", "master_port")
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 

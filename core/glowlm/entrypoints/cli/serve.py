@@ -124,6 +124,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="do not log one line per HTTP request")
     p.add_argument("--disable-log-stats", action="store_true",
                    help="no periodic 'Avg prompt throughput' log line")
+    p.add_argument("--headless", action="store_true",
+                   help="run no API server: this host's ranks of a group whose driver runs "
+                        "on host 0 (with --nnodes N --node-rank 1..N-1; docs/parallelism.md)")
     http = p.add_argument_group("HTTP (uvicorn)")
     http.add_argument("--uvicorn-log-level", default="info",
                       choices=("critical", "error", "warning", "info", "debug", "trace"),
@@ -303,6 +306,13 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig.create(
         str(model), online=True, **engine_kwargs(args),
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
+    if args.headless or config.node_rank > 0:
+        from glowlm.distributed.node import run_headless
+
+        if not args.headless:
+            raise ConfigError(f"--node-rank {config.node_rank}: that host runs no API server; "
+                              "add --headless (as vLLM)")
+        return run_headless(config)
     sock = bind_socket(args.host, args.port)
     from glowlm.engine.llm_engine import LLMEngine
     from glowlm.entrypoints.openai.engine_loop import engine_thread

@@ -183,6 +183,9 @@ def build_app(engine: LLMEngine, options: ServerOptions,
         if not driver.alive:
             return JSONResponse(error_body("the engine loop is not running", "server_error"),
                                 status_code=503)
+        failed = getattr(driver.engine, "failure", None)  # a TP/PP rank or host gone
+        if failed:
+            return JSONResponse(error_body(failed, "server_error"), status_code=503)
         dead = getattr(driver.engine, "dead_replicas", None)  # glowlm serve -dp N
         if dead:
             return JSONResponse(error_body("data-parallel " + "; ".join(dead), "server_error"),
