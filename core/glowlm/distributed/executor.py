@@ -403,9 +403,9 @@ class Executor:
         atexit.register(self.shutdown)
         pids = ", ".join(str(p.pid) for p in self.procs) or "none"
         if self.nnodes > 1:
-            logger.info("TP %d x PP %d on %d hosts: %s on this host (rank 0 is the driver; "
-                        "rank processes: pids %s)", self.tp, self.pp, self.nnodes,
-                        span(self.layout.host_ranks()), pids)
+            logger.info("TP %d x PP %d on %d hosts: %s on this host (rank 0 is the driver%s)",
+                        self.tp, self.pp, self.nnodes, span(self.layout.host_ranks()),
+                        f"; rank processes: pids {pids}" if self.procs else "")
         else:
             logger.info("started %d rank process(es) (TP %d x PP %d): pids %s",
                         len(self.procs), self.tp, self.pp, pids)
