@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from glowlm.attention.backend import AttentionMetadata
+from glowlm.distributed.parallel import PPMissingLayer, own_layers
 from glowlm.errors import ModelLoadError
 from glowlm.layers.activation import GatedActivation
 from glowlm.layers.attention import Attention
@@ -189,21 +190,35 @@ class Gemma3Model(nn.Module):
             theta, scaling = rope_for(config, kind)
             rotary[kind] = RotaryEmbedding(head, head, config.max_position_embeddings, theta,
                                            True, scaling, parts)
-        self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(config, i, parts, f"model.layers.{i}", kind == SLIDING,
-                               rotary[kind])
-            for i, kind in enumerate(self.layer_types))
+        self.parallel = parts.parallel
+        # A pipeline stage builds its own layers only (placeholders keep indices global).
+        self.layers = own_layers(
+            lambda i: Gemma3DecoderLayer(config, i, parts, f"model.layers.{i}",
+                                         self.layer_types[i] == SLIDING,
+                                         rotary[self.layer_types[i]]),
+            config.num_hidden_layers, parts.parallel)
+        self.own = [la for la in self.layers if not isinstance(la, PPMissingLayer)]
         self.norm = GemmaRMSNorm(h, config.rms_norm_eps, parts, "model.norm")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
-                output_rows: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embed_tokens(input_ids) * self.embed_scale
-        residual = None
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
+                output_rows: torch.Tensor | None = None,
+                intermediate: dict[str, torch.Tensor] | None = None
+                ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """``intermediate``: the previous pipeline stage's hidden state and residual; a
+        stage other than the last returns its own as that dict."""
+        if intermediate is None:
+            x = self.embed_tokens(input_ids) * self.embed_scale
+            residual = None
+        else:
+            x, residual = intermediate["hidden"], intermediate["residual"]
+        is_last = self.parallel.is_last_stage
+        last = len(self.own) - 1
+        for i, layer in enumerate(self.own):
             x, residual = layer(positions, x, residual, kv_caches, metadata,
-                                output_rows if i == last else None)
+                                output_rows if is_last and i == last else None)
+        if not is_last:
+            return {"hidden": x, "residual": residual}
         x, _ = self.norm(x, residual)
         return x
 
@@ -225,15 +240,18 @@ class Gemma3ForCausalLM(CausalLM):
             self.lm_head.tie(self.model.embed_tokens)
         cap = getattr(config, "final_logit_softcapping", None)
         self.final_softcap = float(cap) if cap else None
-        attn = self.model.layers[0].self_attn
+        attn = self.model.own[0].self_attn
         self.num_layers = config.num_hidden_layers
+        self.kv_layers = [la.self_attn.attn.layer_index for la in self.model.own]
         self.num_kv_heads = attn.attn.spec.num_kv_heads
         self.head_size = attn.head_size
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
-                output_rows: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, metadata, output_rows)
+                output_rows: torch.Tensor | None = None,
+                intermediate: dict[str, torch.Tensor] | None = None
+                ) -> torch.Tensor | dict[str, torch.Tensor]:
+        return self.model(input_ids, positions, kv_caches, metadata, output_rows, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head.compute_logits(hidden)
