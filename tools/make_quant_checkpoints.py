@@ -21,8 +21,11 @@ therefore writes the format and gives the reference, independently of glowlm's p
 ``--gptqmodel`` (run with a venv holding GPTQModel and torch 2.13, e.g.
 ``pip install -c <(echo torch==2.13.0) gptqmodel`` -> 7.6.0) writes the classic GPTQ
 layout fixtures instead. ``--bench .bench_models/llama-1b-rand`` writes quantized
-copies of a benchmark checkpoint (W4A16 group 128 and W8A8 dynamic, round-to-nearest) beside it, for
-``glowlm bench roofline/throughput`` (docs/quantization.md).
+copies of a benchmark checkpoint beside it (:data:`BENCH_SCHEMES`; by default W4A16 group
+128 symmetric and with zero points, and W8A8 dynamic, round-to-nearest), once each, for
+``make bench-peers-quant`` (``tools/bench_quant_peers.py``, docs/quantization.md);
+``make bench-models-quant`` runs it in the venv ``make quant-venv`` builds
+(``.venv-llmcompressor``, the recipe above).
 """
 
 from __future__ import annotations
@@ -176,31 +179,76 @@ def make(name: str, out_dir: Path, work: Path) -> None:
     print(f"{name}: {sum(f.stat().st_size for f in target.iterdir()) // 1024} KiB")
 
 
-#: Benchmark schemes (``--bench``): round-to-nearest, no calibration data, so a 1 B model
-#: quantizes in minutes on 2 cores; speed does not depend on the weight values.
-BENCH_SCHEMES: dict[str, dict[str, Any]] = {
-    "w4a16-g128": {"weights": _weights(4, "group", 128)},
-    "w8a8-dynamic": {"weights": _weights(8, "channel"),
-                     "input_activations": _int8_input("token", True)},
+#: Benchmark schemes (``--bench``): name -> (modifier, quantization group). The default
+#: ones are round-to-nearest: no calibration data, so a 1 B model quantizes in minutes on
+#: 2 cores, and speed does not depend on the weight values. The calibrated ones (GPTQ,
+#: AWQ) are opt-in with ``--schemes``: they run the tool's real algorithm on a handful of
+#: short random sequences (:data:`BENCH_CALIBRATION`), which is slow at 1 B on 2 cores and
+#: gives the same packed layout at the same speed (AWQ adds zero points).
+BENCH_SCHEMES: dict[str, tuple[str, dict[str, Any]]] = {
+    "w4a16-g128": ("rtn", {"weights": _weights(4, "group", 128)}),
+    # Zero points (uint4 with weight_zero_point): the layout AWQ writes, without its scaling.
+    "w4a16-g128-asym": ("rtn", {"weights": _weights(4, "group", 128, sym=False)}),
+    "w8a8-dynamic": ("rtn", {"weights": _weights(8, "channel"),
+                             "input_activations": _int8_input("token", True)}),
+    "gptq-w4a16-g128": ("gptq", {"weights": _weights(4, "group", 128)}),
+    "awq-w4a16-g128-asym": ("awq", {"weights": _weights(4, "group", 128, sym=False)}),
 }
+#: The schemes ``make bench-models-quant`` builds (data-free).
+BENCH_DEFAULT = ["w4a16-g128", "w4a16-g128-asym", "w8a8-dynamic"]
+#: Calibration of the calibrated benchmark schemes: (samples, tokens each).
+BENCH_CALIBRATION = (8, 64)
+
+
+def _done(target: Path) -> bool:
+    """A finished benchmark checkpoint: its config names a quantization method."""
+    try:
+        return "quantization_config" in json.loads((target / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def make_bench(source: Path, out_dir: Path, schemes: list[str]) -> None:
     """Quantize a benchmark checkpoint (``make bench-models``' llama-1b-rand) per scheme
-    into ``OUT/<source name>-<scheme>``."""
+    into ``OUT/<source name>-<scheme>``.
+
+    Idempotent: a finished checkpoint is left alone (delete it to remake it). Each one is
+    written into ``<target>.part`` and renamed at the end, so an interrupted run is never
+    mistaken for a finished checkpoint.
+    """
+    import time
+
     import torch
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for scheme in schemes:
         target = out_dir / f"{source.name}-{scheme}"
+        if _done(target):
+            print(f"{target}: already there", flush=True)
+            continue
+        modifier, group = BENCH_SCHEMES[scheme]
+        part = target.with_name(target.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)
+        print(f"{target}: quantizing {source} ({modifier}, {scheme})", flush=True)
+        start = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
-        oneshot(model=model, recipe=_modifier("rtn", BENCH_SCHEMES[scheme]))
-        model.save_pretrained(target, save_compressed=True)
-        AutoTokenizer.from_pretrained(source).save_pretrained(target)
-        (target / "recipe.yaml").unlink(missing_ok=True)
+        if modifier == "rtn":
+            oneshot(model=model, recipe=_modifier(modifier, group))
+        else:
+            n, length = BENCH_CALIBRATION
+            oneshot(model=model, dataset=_calibration(n, length),
+                    recipe=_modifier(modifier, group), max_seq_length=length,
+                    num_calibration_samples=n)
+        quantized = time.perf_counter() - start
+        model.save_pretrained(part, save_compressed=True)
+        AutoTokenizer.from_pretrained(source).save_pretrained(part)
+        (part / "recipe.yaml").unlink(missing_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        part.rename(target)
         size = sum(f.stat().st_size for f in target.iterdir()) >> 20
-        print(f"{target}: {size} MiB")
+        print(f"{target}: {size} MiB; quantized in {quantized:.0f} s, "
+              f"{time.perf_counter() - start:.0f} s in all", flush=True)
 
 
 #: Classic GPTQ layout (qweight/qzeros/scales/g_idx, checkpoint_format gptq) by GPTQModel,
@@ -259,7 +307,8 @@ def main() -> None:
     parser.add_argument("--bench", type=Path, metavar="MODEL_DIR",
                         help="quantize this benchmark checkpoint instead of the fixtures")
     parser.add_argument("--schemes", nargs="*", choices=sorted(BENCH_SCHEMES),
-                        default=sorted(BENCH_SCHEMES))
+                        default=BENCH_DEFAULT,
+                        help=f"with --bench (default: the data-free {' '.join(BENCH_DEFAULT)})")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.gptqmodel:
