@@ -82,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     correct = all(ok for _, ok in results.values())
     print(f"shared-memory all-reduce of {args.numel} fp32 values, {args.ranks} local ranks, "
           f"{args.iters} iterations: median {med:.1f} us, p90 {p90:.1f} us "
-          f"(result {'correct' if correct else 'WRONG'}); CPU: {_cpu_name()}, "
-          f"{os.cpu_count()} CPUs")
+          f"(result {'correct' if correct else 'WRONG'}); bar: median < 30 us for 2048 "
+          f"values between 2 ranks ({'met' if med < 30 else 'not met'}"
+          f"{'' if (args.ranks, args.numel) == (2, 2048) else ', not this case'}); "
+          f"CPU: {_cpu_name()}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}")
     return 0 if correct else 1
 
 
