@@ -394,6 +394,8 @@ class Executor:
             self.conns = [p.conn for p in self.local]
             if self.nnodes > 1:
                 self.nodes = self._accept_nodes(control)
+                self._listener.close()  # complete: a late extra host is refused, not held
+                self._listener = None
         except BaseException:
             self.shutdown()
             raise
