@@ -18,15 +18,18 @@ W = TypeVar("W")
 class FusedLayer(Generic[W]):
     """The platform's fused op for one layer (``fn``, or None) and that layer's weights.
 
-    Only unsharded, unquantized layers qualify: a fused op does the dense linears
-    itself, so it would skip a tensor-parallel all-reduce or a quantized method.
-    The weights are gathered on first use, after loading, from the parameters
-    themselves (so weights moved into huge pages later are seen).
+    Only unsharded layers qualify: a fused op does the linears itself, so it would
+    skip a tensor-parallel all-reduce. Quantized layers qualify only for an op that
+    says it runs quantized projections (``fn.accepts_quantized``; it gets their
+    prepared weights and declines forms it does not know); any other op would bypass
+    the quantized method. The weights are gathered on first use, after loading, from
+    the parameters themselves (so weights moved into huge pages later are seen).
     """
 
     def __init__(self, fn: Callable[..., Any] | None, parts: ModelParts, applies: bool,
                  weights: Callable[[], W]) -> None:
-        plain = parts.parallel.tp_size == 1 and parts.quant_config is None
+        plain = parts.parallel.tp_size == 1 and (
+            parts.quant_config is None or getattr(fn, "accepts_quantized", False))
         self.fn = fn if applies and plain else None
         self._make = weights
         self._weights: W | None = None
@@ -49,6 +52,9 @@ class FusedStack(Generic[W]):
     def __init__(self, fn: Callable[..., Any] | None, fused: Sequence[FusedLayer[W]],
                  attention: Sequence[Any]) -> None:
         self.fn = fn if fused and all(f.fn is not None for f in fused) else None
+        if any(getattr(f.fn, "accepts_quantized", False) for f in fused) and not getattr(
+                fn, "accepts_quantized", False):
+            self.fn = None  # layers admitted as quantized need a stack that runs them too
         self._fused = list(fused)
         self._indices = [a.layer_index for a in attention]
         self.spec: AttentionLayerSpec | None = attention[0].spec if attention else None

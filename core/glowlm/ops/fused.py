@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -95,6 +96,13 @@ class RmsDecoderWeights:
     down_weight: torch.Tensor
     down_bias: torch.Tensor | None
     eps: float
+    #: Quantized layers: what each projection's linear method prepared
+    #: (``layer.quant_weight``) for qkv, o, gate_up and down, None where a projection is
+    #: dense; that projection's ``*_weight`` field is then an empty placeholder. Only an
+    #: op that declares ``accepts_quantized = True`` receives such layers (see
+    #: :class:`glowlm.layers.fused.FusedLayer`), and it declines a prepared form its
+    #: kernels did not make.
+    quant: tuple[Any, Any, Any, Any] | None = None
 
 
 #: ``fn(positions, x, residual, weights, kv_cache, metadata, spec)`` ->

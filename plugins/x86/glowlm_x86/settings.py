@@ -12,7 +12,7 @@ from glowlm.plugin_api import Setting, parse_str
 #: runs. Validated where it is used (:func:`glowlm_x86.kernels.cpu_isa`), against the CPU.
 KERNEL_ISA: Setting[str | None] = Setting(
     "GLOWLM_KERNEL_ISA", "",
-    "pin the x86 kernel build: avx512-bf16, avx512, avx2 or portable (plain C++ vectors, the porting "
-    "reference; slow); default: the best this CPU runs", parse_str)
+    "pin the x86 kernel build: avx512-bf16, avx512, avx2 or portable (plain C++ vectors, "
+    "the porting reference; slow); default: the best this CPU runs", parse_str)
 
 SETTINGS = [KERNEL_ISA]

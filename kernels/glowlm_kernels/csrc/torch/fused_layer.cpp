@@ -26,6 +26,33 @@ at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const std::optional<
   return a.size(0) <= gemv_max_m ? gemv(a, w, b) : gemm(a, w, b);
 }
 
+// One projection of an RMSNorm layer: dense (bits == 0: w is the [N, K] weight), or
+// weight-only quantized (w, scales, zs in wna16_linear's prepared layout, n outputs).
+struct Proj {
+  at::Tensor w;
+  std::optional<at::Tensor> b;
+  at::Tensor scales, zs;
+  int64_t bits = 0, group = 0, n = 0;
+
+  int64_t rows() const { return bits == 0 ? w.size(0) : n; }
+  at::Tensor operator()(const at::Tensor& a, int64_t gemv_max_m) const {
+    if (bits == 0) return linear(a, w, b, gemv_max_m);
+    return wna16_linear(a.contiguous(), w, scales, zs, bits, group, n, b);
+  }
+};
+
+Proj dense(const at::Tensor& w, const std::optional<at::Tensor>& b) { return {w, b}; }
+
+std::tuple<at::Tensor, at::Tensor> rms_layer(
+    const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
+    const at::Tensor& ln1_w, const Proj& qkv_p, const std::optional<at::Tensor>& q_norm_w,
+    const std::optional<at::Tensor>& k_norm_w, const at::Tensor& cos_sin_cache,
+    int64_t rotary_dim, bool is_neox, const Proj& o_p, const at::Tensor& ln2_w,
+    const Proj& gate_up_p, const Proj& down_p, at::Tensor& kv_cache,
+    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
+
 }  // namespace
 
 at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
@@ -70,20 +97,20 @@ at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
 
 // glowlm.models.llama.LlamaDecoderLayer.forward, step for step: returns the MLP output
 // and the residual stream, which the next layer (or the final norm) adds.
-std::tuple<at::Tensor, at::Tensor> rms_decoder_layer(
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> rms_layer(
     const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
-    const at::Tensor& ln1_w, const at::Tensor& qkv_w, const std::optional<at::Tensor>& qkv_b,
-    const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w,
-    const at::Tensor& cos_sin_cache, int64_t rotary_dim, bool is_neox, const at::Tensor& o_w,
-    const std::optional<at::Tensor>& o_b, const at::Tensor& ln2_w, const at::Tensor& gate_up_w,
-    const std::optional<at::Tensor>& gate_up_b, const at::Tensor& down_w,
-    const std::optional<at::Tensor>& down_b, at::Tensor& kv_cache,
+    const at::Tensor& ln1_w, const Proj& qkv_p, const std::optional<at::Tensor>& q_norm_w,
+    const std::optional<at::Tensor>& k_norm_w, const at::Tensor& cos_sin_cache,
+    int64_t rotary_dim, bool is_neox, const Proj& o_p, const at::Tensor& ln2_w,
+    const Proj& gate_up_p, const Proj& down_p, at::Tensor& kv_cache,
     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m) {
   TORCH_CHECK(x.dim() == 2, "rms_decoder_layer: x must be [tokens, hidden]");
   const int64_t M = x.size(0), qs = num_heads * head_size, kvs = num_kv_heads * head_size;
-  TORCH_CHECK(qkv_w.size(0) == qs + 2 * kvs,
+  TORCH_CHECK(qkv_p.rows() == qs + 2 * kvs,
               "rms_decoder_layer: qkv weight rows must be (heads + 2 * kv_heads) * head_size");
   TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(),
               "rms_decoder_layer: q and k norms come together");
@@ -94,7 +121,7 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_layer(
     res = x;
     h = rms_norm(x, ln1_w, eps);
   }
-  at::Tensor qkv = linear(h, qkv_w, qkv_b, gemv_max_m);
+  at::Tensor qkv = qkv_p(h, gemv_max_m);
   at::Tensor q = qkv.narrow(1, 0, qs).reshape({M, num_heads, head_size});
   at::Tensor k = qkv.narrow(1, qs, kvs).reshape({M, num_kv_heads, head_size});
   at::Tensor v = qkv.narrow(1, qs + kvs, kvs).view({M, num_kv_heads, head_size});
@@ -106,9 +133,32 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_layer(
   write_kv(kv_cache, k, v, slot_mapping);
   at::Tensor attn =
       paged_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale).flatten(1);
-  std::tie(h, res) = fused_add_rms_norm(linear(attn, o_w, o_b, gemv_max_m), res, ln2_w, eps);
-  at::Tensor up = linear(h, gate_up_w, gate_up_b, gemv_max_m);
-  return {linear(silu_and_mul(up), down_w, down_b, gemv_max_m), res};
+  std::tie(h, res) = fused_add_rms_norm(o_p(attn, gemv_max_m), res, ln2_w, eps);
+  at::Tensor up = gate_up_p(h, gemv_max_m);
+  return {down_p(silu_and_mul(up), gemv_max_m), res};
+}
+
+}  // namespace
+
+
+// glowlm.models.llama.LlamaDecoderLayer.forward, step for step: returns the MLP output
+// and the residual stream, which the next layer (or the final norm) adds.
+std::tuple<at::Tensor, at::Tensor> rms_decoder_layer(
+    const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
+    const at::Tensor& ln1_w, const at::Tensor& qkv_w, const std::optional<at::Tensor>& qkv_b,
+    const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w,
+    const at::Tensor& cos_sin_cache, int64_t rotary_dim, bool is_neox, const at::Tensor& o_w,
+    const std::optional<at::Tensor>& o_b, const at::Tensor& ln2_w, const at::Tensor& gate_up_w,
+    const std::optional<at::Tensor>& gate_up_b, const at::Tensor& down_w,
+    const std::optional<at::Tensor>& down_b, at::Tensor& kv_cache,
+    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m) {
+  return rms_layer(positions, x, residual, ln1_w, dense(qkv_w, qkv_b), q_norm_w, k_norm_w,
+                   cos_sin_cache, rotary_dim, is_neox, dense(o_w, o_b), ln2_w,
+                   dense(gate_up_w, gate_up_b), dense(down_w, down_b), kv_cache, block_tables,
+                   query_start_loc, seq_lens, slot_mapping, num_heads, num_kv_heads, head_size,
+                   scale, eps, gemv_max_m);
 }
 
 // The stacks: every layer in one call (see glowlm.ops.fused). Weights come as one flat
@@ -159,16 +209,56 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack(
     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m) {
+  return rms_decoder_stack_q(positions, x_in, residual, w, c10::List<std::optional<at::Tensor>>(),
+                             {}, kv_caches, cos_sin_cache,
+                             rotary_dim, is_neox, block_tables, query_start_loc, seq_lens,
+                             slot_mapping, num_heads, num_kv_heads, head_size, scale, eps,
+                             gemv_max_m);
+}
+
+// The stack with weight-only quantized projections: the weights list as above, with a
+// projection's weight slot holding its prepared uint8 weight; ``quant`` holds (scales,
+// zs) and ``info`` (bits, group size, outputs) for each layer's qkv, o, gate_up, down
+// in that order (bits 0: that projection is dense, its quant slots None). Empty lists:
+// every projection dense. Quantized decode needs this most: its weights stream 3-4x
+// faster than bf16, so the Python between the ops would be an even larger share.
+std::tuple<at::Tensor, at::Tensor> rms_decoder_stack_q(
+    const at::Tensor& positions, const at::Tensor& x_in, const std::optional<at::Tensor>& residual,
+    const c10::List<std::optional<at::Tensor>>& w,
+    const c10::List<std::optional<at::Tensor>>& quant, at::IntArrayRef info,
+    at::TensorList kv_caches, const at::Tensor& cos_sin_cache, int64_t rotary_dim,
+    bool is_neox, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m) {
   const int64_t layers = stack_layers(w, kRmsWeights, kv_caches, "rms_decoder_stack");
+  const bool quantized = !info.empty();
+  TORCH_CHECK(!quantized || (static_cast<int64_t>(info.size()) == layers * 4 * 3 &&
+                             static_cast<int64_t>(quant.size()) == layers * 4 * 2),
+              "rms_decoder_stack_q: expected 4 x (bits, group, n) and 4 x (scales, zs) per "
+              "layer, got ", info.size(), " and ", quant.size(), " for ", layers, " layers");
+  // Projection j (qkv, o, gate_up, down) of layer l: weight slot, bias slot.
+  constexpr int64_t kSlots[4][2] = {{1, 2}, {5, 6}, {8, 9}, {10, 11}};
+  auto proj = [&](int64_t l, int j) {
+    const int64_t b = l * kRmsWeights;
+    Proj p = dense(need(w, b + kSlots[j][0]), w.get(b + kSlots[j][1]));
+    if (quantized && info[(l * 4 + j) * 3] != 0) {
+      const int64_t i = (l * 4 + j) * 3, q = (l * 4 + j) * 2;
+      p.bits = info[i];
+      p.group = info[i + 1];
+      p.n = info[i + 2];
+      p.scales = need(quant, q);
+      p.zs = need(quant, q + 1);
+    }
+    return p;
+  };
   at::Tensor x = x_in;
   std::optional<at::Tensor> res = residual;
   for (int64_t l = 0; l < layers; ++l) {
     const int64_t b = l * kRmsWeights;
     at::Tensor cache = kv_caches[l];
-    auto [out, r] = rms_decoder_layer(
-        positions, x, res, need(w, b), need(w, b + 1), w.get(b + 2), w.get(b + 3), w.get(b + 4),
-        cos_sin_cache, rotary_dim, is_neox, need(w, b + 5), w.get(b + 6), need(w, b + 7),
-        need(w, b + 8), w.get(b + 9), need(w, b + 10), w.get(b + 11), cache,
+    auto [out, r] = rms_layer(
+        positions, x, res, need(w, b), proj(l, 0), w.get(b + 3), w.get(b + 4), cos_sin_cache,
+        rotary_dim, is_neox, proj(l, 1), need(w, b + 7), proj(l, 2), proj(l, 3), cache,
         block_tables, query_start_loc, seq_lens, slot_mapping, num_heads, num_kv_heads,
         head_size, scale, eps, gemv_max_m);
     x = out;

@@ -51,6 +51,12 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
         " Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, Tensor slot_mapping,"
         " int num_heads, int num_kv_heads, int head_size, float scale, float eps,"
         " int gemv_max_m) -> (Tensor, Tensor)");
+  // The same with weight-only quantized projections (fused_layer.cpp).
+  m.def("rms_decoder_stack_q(Tensor positions, Tensor x, Tensor? residual, Tensor?[] weights,"
+        " Tensor?[] quant, int[] info, Tensor(a!)[] kv_caches, Tensor cos_sin_cache,"
+        " int rotary_dim, bool is_neox, Tensor block_tables, Tensor query_start_loc,"
+        " Tensor seq_lens, Tensor slot_mapping, int num_heads, int num_kv_heads,"
+        " int head_size, float scale, float eps, int gemv_max_m) -> (Tensor, Tensor)");
 }
 
 GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
@@ -70,4 +76,5 @@ GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("rms_decoder_layer", &glowlm::rms_decoder_layer);
   m.impl("ln_decoder_stack", &glowlm::ln_decoder_stack);
   m.impl("rms_decoder_stack", &glowlm::rms_decoder_stack);
+  m.impl("rms_decoder_stack_q", &glowlm::rms_decoder_stack_q);
 }

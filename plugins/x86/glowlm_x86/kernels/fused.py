@@ -65,7 +65,7 @@ def make_rms_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
                           residual: torch.Tensor | None, w: RmsDecoderWeights,
                           kv_cache: torch.Tensor, metadata: AttentionMetadata,
                           spec: AttentionLayerSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if (x.dim() != 2
+        if (x.dim() != 2 or w.quant is not None  # quantized layers: the stack runs them
                 or not attention.supports(spec.head_size, metadata.block_size, kv_cache.dtype)
                 or not _kernel_dtypes(w.qkv_weight, w.gate_up_weight)):
             return None
@@ -77,6 +77,7 @@ def make_rms_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
             metadata.slot_mapping, spec.num_heads, spec.num_kv_heads, spec.head_size,
             spec.scale, w.eps, policy.gemv_max_m)
 
+    rms_decoder_layer.accepts_quantized = True  # type: ignore[attr-defined]
     return rms_decoder_layer
 
 
@@ -130,9 +131,31 @@ def make_ln_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
     return ln_decoder_stack
 
 
+def _quant_parts(layers: Sequence[RmsDecoderWeights]
+                 ) -> tuple[list[torch.Tensor | None], list[int]] | None:
+    """``rms_decoder_stack_q``'s ``quant`` and ``info`` lists; None if a layer has a
+    projection this op cannot run (W8A8, act-order columns, another plugin's form)."""
+    from glowlm_x86.quant import PackedWeightOnly
+
+    quant: list[torch.Tensor | None] = []
+    info: list[int] = []
+    for w in layers:
+        for p in w.quant or (None,) * 4:
+            if p is None:
+                quant += [None, None]
+                info += [0, 0, 0]
+            elif isinstance(p, PackedWeightOnly) and p.perm is None:
+                quant += [p.scales, p.zs]
+                info += [p.bits, p.group_size, p.n]
+            else:
+                return None
+    return quant, info
+
+
 def make_rms_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
                            ) -> RmsDecoderStackFn:
     flat = _Flat()
+    quant_lists: dict[int, tuple[list[torch.Tensor | None], list[int]] | None] = {}
 
     def make(layers: Sequence[RmsDecoderWeights]) -> list[torch.Tensor | None] | None:
         first = layers[0]
@@ -140,10 +163,18 @@ def make_rms_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
                or w.rotary_dim != first.rotary_dim or w.is_neox != first.is_neox
                or not _kernel_dtypes(w.qkv_weight, w.gate_up_weight) for w in layers):
             return None
+        if any(w.quant is not None for w in layers):
+            parts = _quant_parts(layers)
+            if parts is None:
+                return None
+            while len(quant_lists) >= 2:  # like _Flat: the two lists of the last model
+                del quant_lists[next(iter(quant_lists))]
+            quant_lists[id(layers)] = parts
         return [t for w in layers for t in (
-            w.ln1_weight, w.qkv_weight, w.qkv_bias, w.q_norm_weight, w.k_norm_weight,
-            w.o_weight, w.o_bias, w.ln2_weight, w.gate_up_weight, w.gate_up_bias,
-            w.down_weight, w.down_bias)]
+            w.ln1_weight, _weight(w, 0, w.qkv_weight), w.qkv_bias, w.q_norm_weight,
+            w.k_norm_weight, _weight(w, 1, w.o_weight), w.o_bias, w.ln2_weight,
+            _weight(w, 2, w.gate_up_weight), w.gate_up_bias, _weight(w, 3, w.down_weight),
+            w.down_bias)]
 
     def rms_decoder_stack(positions: torch.Tensor, x: torch.Tensor,
                           residual: torch.Tensor | None, layers: Sequence[RmsDecoderWeights],
@@ -155,10 +186,25 @@ def make_rms_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
                                           kv_caches[0].dtype)):
             return None
         first = layers[0]
+        parts = quant_lists.get(id(layers))  # set by make() for quantized layers
+        if parts is not None:
+            return torch.ops.glowlm_x86.rms_decoder_stack_q(
+                positions, x, residual, weights, parts[0], parts[1], list(kv_caches),
+                first.cos_sin_cache, first.rotary_dim, first.is_neox, metadata.block_tables,
+                metadata.query_start_loc, metadata.seq_lens, metadata.slot_mapping,
+                spec.num_heads, spec.num_kv_heads, spec.head_size, spec.scale, first.eps,
+                policy.gemv_max_m)
         return torch.ops.glowlm_x86.rms_decoder_stack(
             positions, x, residual, weights, list(kv_caches), first.cos_sin_cache,
             first.rotary_dim, first.is_neox, metadata.block_tables, metadata.query_start_loc,
             metadata.seq_lens, metadata.slot_mapping, spec.num_heads, spec.num_kv_heads,
             spec.head_size, spec.scale, first.eps, policy.gemv_max_m)
 
+    rms_decoder_stack.accepts_quantized = True  # type: ignore[attr-defined]
     return rms_decoder_stack
+
+
+def _weight(w: RmsDecoderWeights, i: int, dense: torch.Tensor) -> torch.Tensor:
+    """Projection ``i``'s weight slot: the prepared packed weight when it is quantized."""
+    q = w.quant[i] if w.quant is not None else None
+    return dense if q is None else q.weight

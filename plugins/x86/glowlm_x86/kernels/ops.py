@@ -17,7 +17,8 @@ from torch import Tensor
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul",
             "gelu", "gelu_tanh", "relu", "gemv", "gemm", "write_kv", "paged_attention",
-            "ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack")
+            "ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack",
+            "rms_decoder_stack_q")
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -176,4 +177,13 @@ def _register_fakes() -> None:
           block_tables: Tensor, query_start_loc: Tensor, seq_lens: Tensor,
           slot_mapping: Tensor, num_heads: int, num_kv_heads: int, head_size: int,
           scale: float, eps: float, gemv_max_m: int) -> tuple[Tensor, Tensor]:
+        return x.new_empty(x.shape), x.new_empty(x.shape)
+
+    @reg("glowlm_x86::rms_decoder_stack_q")
+    def _(positions: Tensor, x: Tensor, residual: Tensor | None, weights: list[Tensor | None],
+          quant: list[Tensor | None], info: list[int], kv_caches: list[Tensor],
+          cos_sin_cache: Tensor, rotary_dim: int, is_neox: bool, block_tables: Tensor,
+          query_start_loc: Tensor, seq_lens: Tensor, slot_mapping: Tensor, num_heads: int,
+          num_kv_heads: int, head_size: int, scale: float, eps: float, gemv_max_m: int
+          ) -> tuple[Tensor, Tensor]:
         return x.new_empty(x.shape), x.new_empty(x.shape)
