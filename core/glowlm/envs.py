@@ -33,9 +33,9 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
     "GLOWLM_GGUF_CACHE": ("~/.cache/glowlm/gguf", "where a GGUF file's metadata is converted "
                                                  "to config and tokenizer files (once per file)"),
-    "GLOWLM_GGUF_NATIVE": ("0", "1: run GGUF Q4_0/Q4_1/Q8_0 linear weights natively as "
-                                "4/8-bit blocks where the platform can (less memory; not yet "
-                                "faster); default: dequantize at load"),
+    "GLOWLM_GGUF_NATIVE": ("1", "run GGUF Q4_0/Q4_1/Q8_0 linear weights natively as 4/8-bit "
+                                "blocks where the platform implements them (fewer bytes per "
+                                "token); 0: dequantize every tensor at load"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "

@@ -108,9 +108,8 @@ def read_model_dir(path: str | Path | None, revision: str | None = None,
         from glowlm import envs
         from glowlm.model_loader import gguf
 
-        # Opt-in until the quantized path wins: on SmolLM2 (Q4_1) it decodes at 66-84
-        # tok/s against 88-102 dense bf16 (the fused decoder stack is off for quantized
-        # layers), docs/models.md.
+        # Native blocks by default (GLOWLM_GGUF_NATIVE=0 dequantizes): where the
+        # platform cannot run them, engine setup dequantizes them anyway.
         if envs.get().gguf_native:
             cls = model_class(raw.get("architectures"))
             quant, native = gguf.native_quant_config(source.gguf_file,
