@@ -182,5 +182,45 @@ bench-peers: peers vllm-peer bench-models
 bench-peers-gguf: peers
 	$(PEERS_VENV)/bin/python tools/bench_gguf_peers.py
 
+# Quantized checkpoints of the llama-1b shape (docs/quantization.md, issue #19's bar).
+# llm-compressor pins its own transformers, so it gets its own venv on the torch==2.13.0
+# CPU build (torchvision/torchaudio/torchcodec removed, as for vLLM).
+QUANT_VENV    ?= .venv-llmcompressor
+LLMCOMPRESSOR ?= 0.14.0.1
+QUANT_STAMP   := $(QUANT_VENV)/.llmcompressor-installed
+# The data-free (round-to-nearest) schemes, a minute each; add gptq-w4a16-g128
+# awq-w4a16-g128-asym for the calibrated ones (8 random sequences of 64 tokens; GPTQ took
+# ~3 min per decoder layer here, ~50 min for the 16).
+QUANT_SCHEMES ?= w4a16-g128 w4a16-g128-asym w8a8-dynamic
+
+.PHONY: quant-venv bench-models-quant bench-peers-quant
+quant-venv: $(QUANT_STAMP)
+
+$(QUANT_STAMP):
+	test -x $(QUANT_VENV)/bin/python || python3 -m venv $(QUANT_VENV)
+	$(QUANT_VENV)/bin/pip install --quiet torch==2.13.0
+	$(QUANT_VENV)/bin/pip install --quiet llmcompressor==$(LLMCOMPRESSOR) torch==2.13.0
+	$(QUANT_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(QUANT_VENV)/bin/python -c 'import torch, llmcompressor; print("llmcompressor", llmcompressor.__version__, "torch", torch.__version__)'
+	touch $(QUANT_STAMP)
+
+# Once, idempotent (finished files are kept): llm-compressor's compressed-tensors copies
+# of llama-1b-rand (W4A16 group 128 pack-quantized, symmetric and with zero points; W8A8
+# int8 dynamic per token) and
+# llama.cpp's bf16 / Q4_0 / Q8_0 GGUFs of it, all in $(BENCH_MODELS).
+bench-models-quant: bench-models quant-venv peers
+	$(QUANT_VENV)/bin/python tools/make_quant_checkpoints.py $(BENCH_MODELS) \
+	  --bench $(BENCH_MODELS)/llama-1b-rand --schemes $(QUANT_SCHEMES)
+	$(PEERS_VENV)/bin/python tools/bench_quant_peers.py $(BENCH_MODELS) --prepare
+
+# One run, 2 threads on this 2-CPU host: glowlm bf16 / W4A16 / W8A8 (and W4A16 asym,
+# GPTQ/AWQ when built), vLLM CPU on the same checkpoints, llama.cpp bf16 / Q4_0 / Q8_0; P1 (add P2 with
+# BENCH_QUANT_ARGS=--p2); the bar's ratios, the host CPU, JSON + PNG in
+# benchmark/results/quant-peers/.
+BENCH_QUANT_ARGS ?=
+bench-peers-quant: bench-models-quant vllm-peer
+	$(PEERS_VENV)/bin/python tools/bench_quant_peers.py $(BENCH_MODELS) --vllm \
+	  --out benchmark/results/quant-peers/quant_peers $(BENCH_QUANT_ARGS)
+
 clean:
 	rm -rf $(VENV) build core/build plugins/*/build
