@@ -159,7 +159,7 @@ def make_rms_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
 
     def make(layers: Sequence[RmsDecoderWeights]) -> list[torch.Tensor | None] | None:
         first = layers[0]
-        if any(w.eps != first.eps or w.cos_sin_cache is not first.cos_sin_cache
+        if any(w.eps != first.eps or not _same_table(w.cos_sin_cache, first.cos_sin_cache)
                or w.rotary_dim != first.rotary_dim or w.is_neox != first.is_neox
                or not _kernel_dtypes(w.qkv_weight, w.gate_up_weight) for w in layers):
             return None
@@ -202,6 +202,14 @@ def make_rms_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
 
     rms_decoder_stack.accepts_quantized = True  # type: ignore[attr-defined]
     return rms_decoder_stack
+
+
+def _same_table(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """One rotary table serves every layer: the same tensor, or (each layer builds its
+    own, as Llama-family models do) equal values. Checked once per model, when the
+    weight lists are made; before, a value-equal copy made every Llama-family stack
+    decline, so those models always ran layer by layer."""
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
 
 
 def _weight(w: RmsDecoderWeights, i: int, dense: torch.Tensor) -> torch.Tensor:
