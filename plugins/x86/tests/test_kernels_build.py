@@ -156,3 +156,35 @@ def test_portable_vector_header_passes_the_contract_suite() -> None:
         env=env, text=True, capture_output=True, timeout=3600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert " passed" in out.stdout and "skipped" not in out.stdout.splitlines()[-1], out.stdout
+
+
+def _lower_isas() -> list[str]:
+    """The install-built modules below the best one this CPU runs (each forced in turn)."""
+    from glowlm.plugin_api import live_host
+    from glowlm_x86.kernels import cpu_isa
+
+    best = cpu_isa(live_host())
+    order = ["avx512-bf16", "avx512", "avx2"]
+    return order[order.index(best) + 1:] if best in order else []
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_lower_variants_pass_the_contract_suite_on_a_higher_cpu(isa: str) -> None:
+    # The default run tests the best module this CPU executes; the lower ones that users
+    # on older CPUs get (avx512 without AVX512_BF16: Skylake/Ice Lake; avx2) are forced
+    # here with GLOWLM_KERNEL_ISA, so every variant the host can run is tested on it.
+    from glowlm.plugin_api import core_env
+
+    if core_env().disable_kernels:
+        pytest.skip("compiled kernels disabled")
+    if isa not in _lower_isas():
+        pytest.skip(f"{isa} is not below this CPU's best module (the default run tests it, "
+                    "or the CPU cannot run it)")
+    here = Path(__file__).parent
+    env = {**os.environ, "GLOWLM_KERNEL_ISA": isa}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+         *(str(here / t) for t in (*CONTRACT_SUITE, "test_quant_kernels.py"))],
+        env=env, text=True, capture_output=True, timeout=3600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout, out.stdout
