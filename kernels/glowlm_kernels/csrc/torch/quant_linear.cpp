@@ -215,6 +215,8 @@ void wna16_run(const float* x, const float* xs, int64_t M, int64_t K, int64_t G,
 // byte (it converts every nibble to fp32 and does one FMA per 16 weights, not 32).
 // U accumulator sets (lo, hi of U / 2 units) keep enough dot products in flight for one
 // token row (decode), where MT x NB alone gives too few dependency chains.
+constexpr int64_t kQuantAhead = 2048;
+
 template <int MT, int NB, int U>
 void wna16_bf16_tile(const bf16* x, const float* xs, int64_t K, int64_t G, int64_t group,
                      const uint8_t* w, const float* scales, const float* zs, int64_t npad,
@@ -248,9 +250,18 @@ void wna16_bf16_tile(const bf16* x, const float* xs, int64_t K, int64_t G, int64
       }
     };
     const int64_t u0 = g * units, u1 = u0 + units;
+    GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb) {  // the next groups' scales and zeros
+      vec::prefetch(scales + ((b0 + nb) * G + g + 2) * kRows);
+      vec::prefetch(zs + ((b0 + nb) * G + g + 2) * kRows);
+    }
     int64_t un = u0;
-    for (; un + U / 2 <= u1; un += U / 2)
+    for (; un + U / 2 <= u1; un += U / 2) {
+      // Each block is a short stream (K / 2 * 16 bytes: 4.6 KiB at K = 576) that the
+      // hardware prefetchers barely ramp up on; ask kQuantAhead bytes ahead ourselves.
+      GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb)
+        vec::prefetch(w + (b0 + nb) * block_bytes + un * kUnitBytes + kQuantAhead);
       GLOWLM_UNROLL for (int i = 0; i < U / 2; ++i) unit(un + i, 2 * i);
+    }
     for (; un < u1; ++un) unit(un, 0);  // a group of units not divisible by U / 2
     // y += s * (sum(x (128 + q)) - (zero + 128) * sum(x)), per row of the group.
     GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
