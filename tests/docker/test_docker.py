@@ -31,6 +31,7 @@ from glowlm.runtime.numa import FIX
 pytestmark = pytest.mark.docker
 
 NUMA_CAPS = ["--cap-add", "SYS_NICE", "--security-opt", "seccomp=unconfined"]
+QUESTION = "What is the capital of France? Answer in one sentence."
 MODEL = "SmolLM2-135M-Instruct"
 MANIFEST = harness.REPO / "deploy" / "kubernetes.yaml"
 REFUSED = "NUMA binding refused"
@@ -96,12 +97,14 @@ def test_chat_and_completions_answer_through_the_published_port(
     api = client(served)
     assert [m.id for m in api.models.list().data] == [MODEL]
     chat = api.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=24, temperature=0)
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=24,
+        temperature=0)
     answer = chat.choices[0].message.content or ""
-    # Not "Paris": with the kernel tree of 2026-12-02 01:30 the image's greedy answer was
-    # "L'Étoile, la Marseillaise, ..." (Paris at 00:23); parity belongs to the kernel tests.
-    assert answer.strip() and chat.choices[0].finish_reason in ("stop", "length"), answer
+    # The bare "What is the capital of France?" is a near tie for this 135M model in bf16
+    # (first token: log-probs -1.80 vs -1.92 on core's reference ops, equal within 1e-3 on
+    # the x86 bf16 kernels, so rounding order picks "L'Étoile..." or "The capital..."); the
+    # one-sentence question (core/tests/test_gguf.py's) is not, and must say Paris.
+    assert "Paris" in answer and chat.choices[0].finish_reason == "stop", answer
     done = api.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=16,
                                   temperature=0)
     assert done.choices[0].text.strip() and 0 < done.usage.completion_tokens <= 16
