@@ -31,6 +31,8 @@ class FusedLayer(Generic[W]):
         plain = parts.parallel.tp_size == 1 and (
             parts.quant_config is None or getattr(fn, "accepts_quantized", False))
         self.fn = fn if applies and plain else None
+        #: admitted with quantized projections (the stack over it must accept them too)
+        self.quantized = self.fn is not None and parts.quant_config is not None
         self._make = weights
         self._weights: W | None = None
 
@@ -52,8 +54,7 @@ class FusedStack(Generic[W]):
     def __init__(self, fn: Callable[..., Any] | None, fused: Sequence[FusedLayer[W]],
                  attention: Sequence[Any]) -> None:
         self.fn = fn if fused and all(f.fn is not None for f in fused) else None
-        if any(getattr(f.fn, "accepts_quantized", False) for f in fused) and not getattr(
-                fn, "accepts_quantized", False):
+        if any(f.quantized for f in fused) and not getattr(fn, "accepts_quantized", False):
             self.fn = None  # layers admitted as quantized need a stack that runs them too
         self._fused = list(fused)
         self._indices = [a.layer_index for a in attention]
