@@ -43,16 +43,6 @@ struct Proj {
 
 Proj dense(const at::Tensor& w, const std::optional<at::Tensor>& b) { return {w, b}; }
 
-std::tuple<at::Tensor, at::Tensor> rms_layer(
-    const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
-    const at::Tensor& ln1_w, const Proj& qkv_p, const std::optional<at::Tensor>& q_norm_w,
-    const std::optional<at::Tensor>& k_norm_w, const at::Tensor& cos_sin_cache,
-    int64_t rotary_dim, bool is_neox, const Proj& o_p, const at::Tensor& ln2_w,
-    const Proj& gate_up_p, const Proj& down_p, at::Tensor& kv_cache,
-    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-    const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
-
 }  // namespace
 
 at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
