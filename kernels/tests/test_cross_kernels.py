@@ -9,6 +9,13 @@ tiny (emulation is ~500x slower) but cross every tail: odd sizes, partial blocks
 and several GEMM panels, GQA, decode and chunked prefill. Tolerances are those of the
 x86 torch tests (one output ulp for bf16/fp16 against fp32 math).
 
+The quantized linear kernels run too (``csrc/torch/quant_linear.cpp``, compiled by the
+driver over its small ATen subset): 4-bit and 8-bit weight-only with fp32, bf16 and fp16
+activations (bf16 x 4-bit takes the pairwise bf16 dot product where the variant has it:
+BFDOT on ``aarch64-neon-bf16``, vdpbf16ps on ``x86-avx512-bf16``; the driver reports
+which) and W8A8 dynamic / static, on weights packed by glowlm-x86's ``pack_*`` (the
+layout the kernels read) against core's reference quantized matmuls.
+
 Drivers are cached by source hash under ``GLOWLM_KERNEL_CACHE/cross``. A missing cross
 compiler or qemu skips that target with the reason (``make test-cross`` installs them).
 """
@@ -24,13 +31,17 @@ from pathlib import Path
 import pytest
 import torch
 from glowlm.plugin_api import (
+    REFERENCE_QUANT_KERNELS,
     AttentionLayerSpec,
     AttentionMetadata,
+    Int8Weights,
     ReferenceAttentionBackend,
+    WeightOnlyInt,
     core_env,
 )
 from glowlm.plugin_api import reference_ops as reference
 from glowlm_kernels.build import CSRC
+from glowlm_x86.quant import pack_w8a8, pack_weight_only
 
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (1.6e-2, 1.6e-2),
@@ -43,6 +54,8 @@ TARGETS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str | None]] = {
     "x86-avx2": ("g++", ("-mavx2", "-mfma", "-mf16c"), (), "avx2"),
     "x86-avx512": ("g++", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma",
                            "-mf16c"), (), "avx512bw"),
+    "x86-avx512-bf16": ("g++", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma",
+                                "-mf16c", "-mavx512bf16"), (), "avx512_bf16"),
     "x86-portable": ("g++", ("-DGLOWLM_VEC_PORTABLE",), (), None),
     "aarch64-neon": ("aarch64-linux-gnu-g++", ("-march=armv8-a",),
                      ("qemu-aarch64", "-cpu", "cortex-a72", "-L", "/usr/aarch64-linux-gnu"),
@@ -168,6 +181,58 @@ def _linear_cases(c: Cases, gen: torch.Generator) -> None:
                           LINEAR_TOL[dt], {"m": m, "n": n, "k": k}, None, arrays)
 
 
+def _max_tol(want: torch.Tensor, rel: float) -> tuple[float, float]:
+    """x86's quant test criterion, max |got - want| < rel * max |want|, as (atol, rtol)."""
+    return rel * float(want.float().abs().max().clamp_min(1e-12)), 0.0
+
+
+def _quant_cases(c: Cases, gen: torch.Generator) -> None:
+    # (bits, n, k, group): N with a partial block, one and two groups, a group of units
+    # not divisible by the accumulator sets (20 columns: 5 units), 8-bit column pairs.
+    # m 1, 2, 4 and 7 take the 1-, 2- and 4-token tiles and their tails.
+    shapes = ((4, 40, 64, 32), (4, 24, 40, 20), (8, 24, 64, 64))
+    for bits, n, k, group in shapes:
+        for dt in DTYPES:
+            for m in ((1, 7) if dt != torch.bfloat16 else (1, 2, 4, 7)):
+                q = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
+                scales = torch.rand(n, k // group, generator=gen) * 0.02 + 1e-3
+                zeros = torch.randint(0, 1 << bits, (n, k // group), generator=gen).float()
+                w = WeightOnlyInt(q, scales, zeros, bits, group)
+                x = _randn(m, k, dtype=dt, gen=gen)
+                bias = _randn(n, dtype=dt, gen=gen) if m % 2 else None
+                want = REFERENCE_QUANT_KERNELS.weight_only(x, w, bias)
+                p = pack_weight_only(w)
+                arrays = {"x": x, "weight": p.weight, "scales": p.scales, "zs": p.zs,
+                          "want": want}
+                if bias is not None:
+                    arrays["bias"] = bias
+                # fp32: the same sums in another order; bf16 / fp16: one output rounding.
+                rel = 2e-6 if dt == torch.float32 else 8e-3
+                c.add(f"wna16-w{bits}-x{DTYPES[dt]}-{m}x{n}x{k}-g{group}", "wna16_linear", dt,
+                      dt, _max_tol(want, rel),
+                      {"m": m, "n": n, "k": k, "bits": bits, "group": group,
+                       "blocks": p.scales.shape[0]}, None, arrays)
+    for m, n, k in ((1, 40, 66), (5, 16, 64)):
+        for static in (None, (0.02, 0), (0.03, 5)):
+            q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+            scale, zp = static if static else (None, 0)
+            w8 = Int8Weights(q, torch.rand(n, generator=gen) * 0.01, scale, zp)
+            x = torch.randn(m, k, generator=gen)
+            bias = torch.randn(n, generator=gen) if m > 1 else None
+            want = REFERENCE_QUANT_KERNELS.w8a8(x, w8, bias)
+            p8 = pack_w8a8(w8)
+            arrays = {"x": x, "weight": p8.weight, "wscale": p8.scale, "wsum": p8.wsum,
+                      "want": want}
+            if bias is not None:
+                arrays["bias"] = bias
+            # Same integers (identical activation rounding), exact int32 sums.
+            c.add(f"w8a8-{'static-zp' + str(zp) if static else 'dynamic'}-{m}x{n}x{k}",
+                  "w8a8_linear", torch.float32, torch.float32, _max_tol(want, 1e-6),
+                  {"m": m, "n": n, "k": k, "blocks": p8.weight.shape[0],
+                   "kq": p8.weight.shape[1], "input_zp": p8.input_zero_point},
+                  {"input_scale": p8.input_scale}, arrays)
+
+
 def _metadata(steps: list[tuple[int, int]], block_size: int, num_blocks: int,
               gen: torch.Generator) -> AttentionMetadata:
     perm = torch.randperm(num_blocks, generator=gen).tolist()
@@ -225,7 +290,7 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     gen = torch.Generator().manual_seed(0)
     c = Cases()
     for make in (_norm_cases, _activation_cases, _rotary_cases, _linear_cases,
-                 _attention_cases):
+                 _attention_cases, _quant_cases):
         make(c, gen)
     path = tmp_path_factory.mktemp("cross") / "cases.txt"
     path.write_text(c.text())
@@ -237,8 +302,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 def _driver(target: str) -> Path:
     cxx, flags, _, _ = TARGETS[target]
-    sources = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp")
-                     and p.relative_to(CSRC).parts[0] != "torch")
+    # Everything, csrc/torch too: the driver compiles quant_linear.cpp.
+    sources = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp"))
     h = hashlib.sha256(" ".join((cxx, *flags)).encode())
     for p in sources:
         h.update(p.read_bytes())
@@ -247,7 +312,9 @@ def _driver(target: str) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
         # -O2: gcc 12 for aarch64 hit an internal compiler error at -O3 on one loop.
-        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", *flags, f"-I{CSRC}",
+        # test/aten_shim first: quant_linear.cpp's <torch/all.h> is the driver's subset.
+        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", *flags,
+               f"-I{CSRC / 'test' / 'aten_shim'}", f"-I{CSRC}",
                str(CSRC / "test" / "contract_driver.cpp"), "-o", str(tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -280,7 +347,11 @@ def test_kernel_contract(target: str, cases: tuple[Path, list[str]]) -> None:
     failures = [ln for ln in lines if ln.startswith("FAIL")]
     assert proc.returncode == 0 and not failures, "\n".join(failures[:20]) + proc.stderr[-2000:]
     assert lines[-1] == f"summary {len(names)} 0", lines[-3:]
-    isa = lines[0].split()[1]
-    want_isa = {"aarch64-neon": "neon", "aarch64-neon-bf16": "neon-bf16"}.get(target)
+    head = lines[0].split()  # isa <name> W <lanes> bf16dot <0|1>
+    want_isa = {"aarch64-neon": "neon", "aarch64-neon-bf16": "neon-bf16",
+                "x86-avx512-bf16": "avx512-bf16"}.get(target)
     if want_isa:
-        assert isa == want_isa, lines[0]  # the NEON header, not the portable one
+        assert head[1] == want_isa, lines[0]  # the NEON header, not the portable one
+    # The bf16 x 4-bit cases ran the pairwise bf16 dot product exactly where it exists.
+    assert head[5] == ("1" if target in ("aarch64-neon-bf16", "x86-avx512-bf16") else "0"), \
+        lines[0]

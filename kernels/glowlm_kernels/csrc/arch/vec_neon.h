@@ -5,7 +5,8 @@
 // fp16 converts with FCVTL/FCVTN (every AArch64 CPU has them); bf16 loads are a shift
 // (bf16 is the top half of an fp32), and with FEAT_BF16 (-march=armv8.6-a+bf16:
 // Neoverse V1/V2/N2, Graviton 3/4) bf16 stores use BFCVTN, else the integer
-// round-to-nearest-even of the portable header. FMLA fuses every fmadd.
+// round-to-nearest-even of the portable header, and the optional pairwise bf16 dot
+// product of vec.h (GLOWLM_VEC_BF16DOT) is BFDOT (below). FMLA fuses every fmadd.
 #pragma once
 
 #include <arm_neon.h>
@@ -109,5 +110,58 @@ inline float32x4_t exp4(float32x4_t x) {
   return vbslq_f32(vcltq_f32(x, lo), vdupq_n_f32(0.0f), res);
 }
 inline VecF exp(VecF x) { return {exp4(x.lo), exp4(x.hi)}; }
+
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC) && !defined(__ARM_BIG_ENDIAN)
+// Pairwise bf16 dot products (vec.h GLOWLM_VEC_BF16DOT), the contract of vec_avx512.h's
+// vdpbf16ps with BFDOT (FEAT_BF16): a VecBF holds W = 8 pairs of bf16 as two q registers
+// (lo: the pairs of fp32 lanes 0-3, hi: lanes 4-7, as VecF), and dot2 adds
+// a[2i] * b[2i] + a[2i + 1] * b[2i + 1] to fp32 lane i, one BFDOT per q register.
+//
+// Rounding. Unlike vdpbf16ps (one round-to-nearest-even per accumulation), BFDOT
+// without FEAT_EBF16 (or with FPCR.EBF = 0, Linux's default) rounds each product, their
+// sum, and the accumulation separately, with the non-IEEE round-to-odd mode, and
+// flushes denormal inputs and results to zero (Arm ARM, BFDOT (vector)). For the one
+// user, the 4-bit kernel (quant_linear.cpp), the products are (128 + q) * x with two
+// bf16 operands of 8 significant bits each, so every product is exact in fp32 and its
+// rounding never happens; what remains is two fp32 roundings per dot2 of at most one
+// ulp each (round-to-odd) instead of half an ulp, i.e. twice x86's error bound on the
+// fp32 partial sums (2^-23 instead of 2^-24 relative per step; the sums carry the
+// 128 * sum(x) offset on both ISAs). For the contract's shapes and group sizes that stays
+// well below the one bf16 output rounding (2^-8) the contract allows; tested under qemu
+// against core's reference (kernels/tests/test_cross_kernels.py). Flushed inputs are bf16 activations below
+// 2^-126, whose products are below 2^-118: nothing a result can show.
+// Big-endian AArch64 would number the 16-bit lanes of the byte loads differently; it
+// keeps the fp32 path.
+#define GLOWLM_VEC_BF16DOT 1
+
+struct VecBF {
+  bfloat16x8_t lo, hi;
+};
+
+inline VecF dot2(VecF acc, VecBF a, VecBF b) {
+  return {vbfdotq_f32(acc.lo, a.lo, b.lo), vbfdotq_f32(acc.hi, a.hi, b.hi)};
+}
+// The pair p[0], p[1] in every lane.
+inline VecBF broadcast_pair(const bf16* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  const bfloat16x8_t b = vreinterpretq_bf16_u32(vdupq_n_u32(v));
+  return {b, b};
+}
+// 2W = 16 bytes of 4-bit values, byte 2i + j holding (low nibble, high nibble) = (a, b):
+// lo gets the a's, hi the b's, byte 2i + j's value in 16-bit lane 2i + j as the bf16 of
+// 128 + value (bf16 128.0 is 0x4300; its mantissa's low 4 bits count units of 1). The
+// nibbles are split on bytes (AND, USHR) and each is zipped with the byte 0x43 above it
+// (ZIP1/ZIP2 make 16-bit lanes 0x43 << 8 | nibble): six instructions per 32 weights, no
+// conversion; callers subtract 128 * sum(x) (folded into the zero point).
+inline void nibble_units(const uint8_t* p, VecBF& lo, VecBF& hi) {
+  const uint8x16_t b = vld1q_u8(p);
+  const uint8x16_t magic = vdupq_n_u8(0x43);
+  const uint8x16_t l = vandq_u8(b, vdupq_n_u8(0x0f));
+  const uint8x16_t h = vshrq_n_u8(b, 4);
+  lo = {vreinterpretq_bf16_u8(vzip1q_u8(l, magic)), vreinterpretq_bf16_u8(vzip2q_u8(l, magic))};
+  hi = {vreinterpretq_bf16_u8(vzip1q_u8(h, magic)), vreinterpretq_bf16_u8(vzip2q_u8(h, magic))};
+}
+#endif
 
 }  // namespace glowlm::vec

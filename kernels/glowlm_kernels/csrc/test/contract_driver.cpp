@@ -13,12 +13,20 @@
 // Values are decimal floats (exact for the dtype: the host rounded them), so the file
 // is the same on little- and big-endian targets. Output: one line per case, then
 // "summary <passed> <failed>"; the exit status is 1 if any case failed.
+//
+// The quantized linear kernels (wna16_linear: 4/8-bit weight-only, with the pairwise
+// bf16 dot product where vec.h has GLOWLM_VEC_BF16DOT; w8a8_linear) are still written
+// inside their torch binding, csrc/torch/quant_linear.cpp: the driver compiles that file
+// itself against the small ATen subset in test/aten_shim (its build puts that directory
+// on the include path) and calls the same C++ entry points the torch ops register.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -27,6 +35,7 @@
 #include "cpu/gemv.h"
 #include "cpu/norm_act.h"
 #include "cpu/rotary.h"
+#include "torch/quant_linear.cpp"  // the quantized kernels, over test/aten_shim
 
 namespace {
 
@@ -193,6 +202,52 @@ std::string attention_case(const Case& c) {
   return compare(c, "want", floats(rounded));
 }
 
+at::ScalarType scalar_type(const std::string& dt) {
+  return dt == "bf16" ? at::kBFloat16 : dt == "f16" ? at::kHalf : at::kFloat;
+}
+
+// A tensor of the case's values (exact in `t`: the host rounded them).
+at::Tensor tensor(const std::vector<float>& v, std::vector<int64_t> shape, at::ScalarType t) {
+  at::Tensor out(std::move(shape), t);
+  if (out.numel() != static_cast<int64_t>(v.size()))
+    throw std::runtime_error("case array of " + std::to_string(v.size()) + " values for " +
+                             std::to_string(out.numel()) + " elements");
+  for (int64_t i = 0; i < out.numel(); ++i) out.set(i, v[i]);
+  return out;
+}
+
+// wna16_linear (weights in the prepared layout: uint8 bytes, scales and zero * scale
+// [N/16, G, 16]) or w8a8_linear (int8 [N/16, K/4, 16, 4], scale, row sums),
+// x / bias / y in the case's dtype.
+std::string quant_case(const Case& c) {
+  const at::ScalarType xt = scalar_type(c.xdt);
+  const int64_t M = c.i("m"), K = c.i("k"), n = c.i("n"), blocks = c.i("blocks");
+  const at::Tensor x = tensor(c.a("x"), {M, K}, xt);
+  std::optional<at::Tensor> bias;
+  if (c.has("bias")) bias = tensor(c.a("bias"), {n}, xt);
+  at::Tensor y;
+  if (c.op == "wna16_linear") {
+    const int64_t bits = c.i("bits"), group = c.i("group");
+    const std::vector<int64_t> sg = {blocks, K / group, 16};
+    // Scales and zero * scale in float32, or float16 (i scales_f16 1); no zs: symmetric.
+    const at::ScalarType st = c.ints.count("scales_f16") && c.i("scales_f16") ? at::kHalf
+                                                                               : at::kFloat;
+    const at::Tensor zs = c.has("zs") ? tensor(c.a("zs"), sg, st) : at::empty({0}, {st});
+    y = glowlm::wna16_linear(x, tensor(c.a("weight"), {blocks * 16 * K * bits / 8}, at::kByte),
+                             tensor(c.a("scales"), sg, st), zs, bits, group, n, bias);
+  } else {
+    y = glowlm::w8a8_linear(x, tensor(c.a("weight"), {blocks, c.i("kq"), 16, 4}, at::kChar),
+                            tensor(c.a("wscale"), {blocks * 16}, at::kFloat),
+                            tensor(c.a("wsum"), {blocks * 16}, at::kInt),
+                            c.floats.at("input_scale"), c.i("input_zp"), n, bias);
+  }
+  if (y.scalar_type() != xt || y.dim() != 2 || y.size(0) != M || y.size(1) != n)
+    return "output is not [m, n] in x's dtype";
+  std::vector<float> got(y.numel());
+  for (int64_t i = 0; i < y.numel(); ++i) got[i] = y.get(i);
+  return compare(c, "want", got);
+}
+
 // Calls F<T> for the dtype named `dt`.
 #define GLOWLM_BY_DTYPE(dt, CALL)                          \
   do {                                                     \
@@ -219,6 +274,7 @@ std::string with_weight(const Case& c) {
 }
 
 std::string run(const Case& c) {
+  if (c.op == "wna16_linear" || c.op == "w8a8_linear") return quant_case(c);
   if (c.op == "silu_and_mul" || c.op == "gelu" || c.op == "gelu_tanh" || c.op == "relu")
     GLOWLM_BY_DTYPE(c.xdt, act_case<T>(c));
   else if (c.op == "rotary_embedding")
@@ -240,7 +296,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot read %s\n", argv[1]);
     return 2;
   }
-  std::printf("isa %s W %d\n", glowlm::vec::kIsa, glowlm::vec::W);
+#if defined(GLOWLM_VEC_BF16DOT)
+  constexpr int bf16dot = 1;
+#else
+  constexpr int bf16dot = 0;
+#endif
+  std::printf("isa %s W %d bf16dot %d\n", glowlm::vec::kIsa, glowlm::vec::W, bf16dot);
   int passed = 0, failed = 0;
   std::string tok;
   while (in >> tok) {
@@ -269,7 +330,12 @@ int main(int argc, char** argv) {
         }
       }
     }
-    const std::string err = run(c);
+    std::string err;
+    try {
+      err = run(c);
+    } catch (const std::exception& e) {  // a kernel's argument check, or a malformed case
+      err = std::string("error: ") + e.what();
+    }
     if (err.empty()) {
       ++passed;
       std::printf("ok   %s\n", c.name.c_str());
