@@ -8,8 +8,10 @@ compiler), so a quantized checkpoint always runs.
 
 Repacking happens once per layer after loading (``prepare_*``): the canonical
 unsigned values become the blocked layouts the kernels stream (see the C++ file's
-header), scales and ``zero * scale`` become float32 ``[N/16, groups, 16]``, so the
-kernel reads 16 consecutive output rows per load and each block's in one stream.
+header), scales and ``zero * scale`` become ``[N/16, groups, 16]``, so the kernel reads
+16 consecutive output rows per load and each block's in one stream — float16 where that
+holds them exactly, and with no ``zero * scale`` at all for symmetric weights, since
+decode streams these bytes once per token too.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def _pad_rows(t: torch.Tensor, rows: int, value: float = 0) -> torch.Tensor:
 @dataclass
 class PackedWeightOnly:
     weight: torch.Tensor         #: uint8, blocked (quant_linear.cpp)
-    scales: torch.Tensor         #: float32 [Npad/16, G, 16]
-    zs: torch.Tensor             #: float32 [Npad/16, G, 16]: zero * scale
+    scales: torch.Tensor         #: float32 or float16 [Npad/16, G, 16]
+    #: zero * scale, scales' dtype and shape; empty when symmetric (zero 2**(bits-1))
+    zs: torch.Tensor
     bits: int
     group_size: int
     n: int
@@ -87,14 +90,52 @@ def pack_weight_only(w: WeightOnlyInt) -> PackedWeightOnly:
         packed = (units[..., 0, :] | (units[..., 1, :] << 4)).permute(0, 2, 1, 3)
     else:
         packed = q.view(npad // ROWS, ROWS, k // 2, 2).permute(0, 2, 3, 1)
-    scales = _pad_rows(w.scales, ROWS)
-    zs = _pad_rows(w.zeros, ROWS) * scales
+    scales = _pad_rows(w.scales.float(), ROWS)
+    mid = float(1 << (w.bits - 1))
+    # Symmetric (every zero point the midpoint): no zero * scale tensor; the kernel
+    # derives it. Padded rows have scale 0, so their zero never matters.
+    zeros = _pad_rows(w.zeros.float(), ROWS, value=mid)
+    zs = None if bool((zeros == mid).all()) else zeros * scales
+    # float16 where it holds every value exactly (GGUF's fp16 scales, bf16 scales within
+    # fp16's normal range): half the bytes per group that decode streams.
+    dtype = torch.float16 if all(_exact_half(t) for t in (scales, zs) if t is not None) \
+        else torch.float32
 
     def blocked(t: torch.Tensor) -> torch.Tensor:  # [Npad, G] -> [Npad/16, G, 16]
-        return t.view(npad // ROWS, ROWS, -1).permute(0, 2, 1).contiguous()
+        return t.view(npad // ROWS, ROWS, -1).permute(0, 2, 1).to(dtype).contiguous()
 
-    return PackedWeightOnly(packed.contiguous(), blocked(scales.float()), blocked(zs.float()),
+    return PackedWeightOnly(packed.contiguous(), blocked(scales),
+                            torch.empty(0, dtype=dtype) if zs is None else blocked(zs),
                             w.bits, w.group_size, n, w.perm)
+
+
+def _exact_half(t: torch.Tensor) -> bool:
+    """Whether float32 ``t`` survives float16 bit for bit (subnormals excluded)."""
+    h = t.to(torch.float16)
+    tiny = (t != 0) & (t.abs() < torch.finfo(torch.float16).tiny)
+    return bool(torch.equal(h.float(), t)) and not bool(tiny.any())
+
+
+def packed_rows(p: PackedWeightOnly, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` of a packed weight as float32 ``[M, K]``, ``q·scale − zs`` as the
+    kernels evaluate it: a tied embedding's lookup in a quantized LM head (GGUF), read
+    from the blocked layout :func:`pack_weight_only` wrote, so no other copy is kept."""
+    block, r = rows // ROWS, rows % ROWS
+    if p.bits == 4:  # weight [Npad/16, K/4, 16, 2]: byte j of unit c holds 4c+j | 4c+2+j
+        units = p.weight[block, :, r, :]                      # [M, K/4, 2]
+        q = torch.stack([units & 0x0F, units >> 4], dim=2)    # [M, K/4, lo/hi, j]
+    else:  # weight [Npad/16, K/2, 2, 16]
+        q = p.weight[block, :, :, r]                          # [M, K/2, 2]
+    q = q.reshape(rows.shape[0], -1).float()
+    g = p.group_size
+    s = p.scales[block, :, r].float()
+    zs = s * float(1 << (p.bits - 1)) if p.zs.numel() == 0 else p.zs[block, :, r].float()
+    y = q * s.repeat_interleave(g, 1) - zs.repeat_interleave(g, 1)
+    if p.perm is None:
+        return y
+    out = torch.empty_like(y)
+    out[:, p.perm] = y  # act order: the columns back in input order
+    return out
 
 
 def pack_w8a8(w: Int8Weights) -> PackedW8A8:
@@ -133,6 +174,10 @@ class X86QuantKernels(QuantKernels):
                                               prepared.bits, prepared.group_size, prepared.n,
                                               bias)
         return y.reshape(*x.shape[:-1], prepared.n)
+
+    def weight_only_rows(self, prepared: PackedWeightOnly, rows: torch.Tensor
+                         ) -> torch.Tensor:
+        return packed_rows(prepared, rows)
 
     def prepare_w8a8(self, w: Int8Weights) -> PackedW8A8:
         return pack_w8a8(w)

@@ -66,6 +66,36 @@ def test_weight_only_matches_reference(kernels, m: int, bits: int, n: int, k: in
     assert _rel_err(got, want) < (2e-6 if dtype == torch.float32 else 8e-3)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("symmetric, half", [(True, True), (True, False), (False, True)])
+def test_weight_only_compact_scales(kernels, bits: int, dtype: torch.dtype, symmetric: bool,
+                                    half: bool) -> None:
+    """Symmetric weights carry no zero * scale tensor, fp16-exact scales are stored as fp16
+    (the bytes decode streams), and both give the reference's result."""
+    from glowlm_x86.quant import pack_weight_only
+
+    g = torch.Generator().manual_seed(bits * 10 + symmetric)
+    n, k, group = 40, 128, 32
+    q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
+    scales = torch.rand(n, k // group, generator=g) * 0.02 + 1e-3
+    scales = scales.half().float() if half else scales  # GGUF's scales are fp16
+    mid = float(1 << (bits - 1))
+    zeros = (torch.full((n, k // group), mid) if symmetric
+             else torch.randint(0, 1 << bits, (n, k // group), generator=g).float())
+    w = WeightOnlyInt(q, scales, zeros, bits, group)
+    p = pack_weight_only(w)
+    # fp16 only if it holds zero * scale too (a 4-bit zero times an 11-bit mantissa
+    # usually does not, then both stay float32).
+    exact = symmetric or torch.equal((zeros * scales).half().float(), zeros * scales)
+    assert p.scales.dtype == (torch.float16 if half and exact else torch.float32)
+    assert (p.zs.numel() == 0) == symmetric
+    x = torch.randn(5, k, generator=g).to(dtype)
+    want = REFERENCE_KERNELS.weight_only(x, w, None)
+    assert _rel_err(kernels.weight_only(x, p, None), want) < (
+        2e-6 if dtype == torch.float32 else 8e-3)
+
+
 def test_weight_only_act_order_perm(kernels) -> None:
     g = torch.Generator().manual_seed(7)
     perm = torch.randperm(64, generator=g)

@@ -6,9 +6,15 @@
 //   weight-only:  [N/16][K/2][16] bytes for 4 bits (low nibble: column k, high: k + 1),
 //                 [N/16][K/2][2][16] bytes for 8 bits (16 rows of column k, then k + 1);
 //                 unsigned values q with w = scale * (q - zero) per group of columns;
-//                 scale and zero * scale as float32 [N/16][G][16], so the 16 rows a
-//                 block's work item computes find theirs in one sequential stream
-//                 (a [G][N] layout cost a scattered pair of cache lines per group).
+//                 scale and zero * scale as float32 or float16 [N/16][G][16], so the
+//                 16 rows a block's work item computes find theirs in one sequential
+//                 stream (a [G][N] layout cost a scattered pair of cache lines per
+//                 group). Symmetric weights (zero = 2^(bits-1) everywhere: GPTQ/AWQ
+//                 without zero points, compressed-tensors symmetric, GGUF Q4_0/Q8_0)
+//                 pass no zero * scale tensor at all. Decode reads every byte once per
+//                 token, so this is speed: at group 32, float32 scale and zero cost 2
+//                 bits per weight, a float16 scale alone 0.5 (the loader picks float16
+//                 only where it holds every scale and zero * scale exactly).
 //   W8A8:         [N/16][K/4][16][4] int8: four consecutive columns of each of 16 rows,
 //                 the operand layout of vpdpbusd (VNNI), so one instruction does 64
 //                 multiply-adds into 16 int32 sums.
@@ -55,6 +61,41 @@ using vec::VecF;
 constexpr int kRows = 16;                  // output rows per weight block
 constexpr int kVecs = kRows / vec::W;      // registers per block (1 on AVX-512, 2 else)
 
+// A layer's per-group dequantization constants: scale s and zero * s for each block of 16
+// rows and group of columns, float or fp16 (S), or a fixed zero point (zs == nullptr).
+template <typename S>
+struct GroupScales {
+  const S* scales;
+  const S* zs;   // [N/16][G][16], or nullptr: symmetric, zero * s from `zero`
+  float zero;    // the fixed zero point of symmetric weights, in q units
+  int64_t G;
+
+  // y[m] += s * a[m] - (zero * s + offset * s) * xs[m] for the W rows of register l of
+  // the blocks starting at b0, group g: the one epilogue of every weight-only tile (the
+  // bf16-dot tile's sums carry 128 * sum(x) more, which offset = 128 removes).
+  template <int MT, int L>
+  void apply(int64_t b0, int64_t g, float offset, const VecF (&a)[MT][L], const float* xs,
+             float (&yv)[MT][L * vec::W]) const {
+    GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
+      const int64_t at = ((b0 + l / kVecs) * G + g) * kRows + (l % kVecs) * vec::W;
+      const VecF s = vec::load(scales + at);
+      const VecF z = zs ? vec::fmadd(vec::set1(offset), s, vec::load(zs + at))
+                        : vec::mul(vec::set1(zero + offset), s);
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+        VecF y = vec::load(&yv[m][l * vec::W]);
+        y = vec::fmadd(s, a[m][l], y);
+        y = vec::fmadd(vec::sub(vec::zero(), z), vec::set1(xs[m * G + g]), y);
+        vec::store(&yv[m][l * vec::W], y);
+      }
+    }
+  }
+  // The next groups' constants of block b into L1 ahead of their epilogue.
+  void prefetch(int64_t b, int64_t g) const {
+    vec::prefetch(scales + (b * G + g) * kRows);
+    if (zs) vec::prefetch(zs + (b * G + g) * kRows);
+  }
+};
+
 // W consecutive bytes -> fp32 (u8), or the low / high nibbles of them.
 inline VecF u8_to_vec(const uint8_t* p) {
 #if defined(GLOWLM_QUANT_X86) && defined(__AVX512F__)
@@ -100,10 +141,10 @@ inline void unit_to_vecs(const uint8_t* p, VecF* c) {
 // One tile: MT token rows x NB weight blocks (NB * 16 output rows), all of K.
 // x: fp32 [M][K] (row stride K); xs: per-row group sums [M][G]; out: fp32 [M][ldo].
 // 4 bits: one 4-column unit per step (32 bytes of a block); 8 bits: one column pair.
-template <int BITS, int MT, int NB>
+template <int BITS, int MT, int NB, typename S>
 void wna16_tile(const float* x, const float* xs, int64_t K, int64_t G, int64_t group,
-                const uint8_t* w, const float* scales, const float* zs, int64_t npad,
-                int64_t b0, float* out, int64_t ldo) {
+                const uint8_t* w, const GroupScales<S>& gsc, int64_t b0, float* out,
+                int64_t ldo) {
   constexpr int L = NB * kVecs;                    // fp32 registers of output rows
   constexpr int kCols = BITS == 4 ? 4 : 2;         // columns per step
   constexpr int64_t kStepBytes = kCols * kRows * BITS / 8;
@@ -144,42 +185,35 @@ void wna16_tile(const float* x, const float* xs, int64_t K, int64_t G, int64_t g
       }
     }
     // y += s * sum(x q) - (zero * s) * sum(x), per row of the group.
-    GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
-      const int64_t at = ((b0 + l / kVecs) * G + g) * kRows + (l % kVecs) * vec::W;
-      const VecF s = vec::load(scales + at);
-      const VecF z = vec::load(zs + at);
-      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
-        VecF y = vec::load(&yv[m][l * vec::W]);
-        y = vec::fmadd(s, vec::add(acc0[m][l], acc1[m][l]), y);
-        y = vec::fmadd(vec::sub(vec::zero(), z), vec::set1(xs[m * G + g]), y);
-        vec::store(&yv[m][l * vec::W], y);
-      }
-    }
+    VecF a[MT][L];
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+      GLOWLM_UNROLL for (int l = 0; l < L; ++l) a[m][l] = vec::add(acc0[m][l], acc1[m][l]);
+    gsc.template apply<MT, L>(b0, g, 0.0f, a, xs, yv);
   }
   GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
     std::memcpy(out + m * ldo + b0 * kRows, yv[m], sizeof(float) * L * vec::W);
 }
 
-template <int BITS, int NB>
+template <int BITS, int NB, typename S>
 void wna16_rows(const float* x, const float* xs, int64_t M, int64_t K, int64_t G,
-                int64_t group, const uint8_t* w, const float* scales, const float* zs,
-                int64_t npad, int64_t b0, float* out) {
+                int64_t group, const uint8_t* w, const GroupScales<S>& gsc, int64_t npad,
+                int64_t b0, float* out) {
   int64_t m = 0;
   for (; m + 4 <= M; m += 4)
-    wna16_tile<BITS, 4, NB>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
-                            out + m * npad, npad);
+    wna16_tile<BITS, 4, NB>(x + m * K, xs + m * G, K, G, group, w, gsc, b0, out + m * npad,
+                            npad);
   for (; m + 2 <= M; m += 2)
-    wna16_tile<BITS, 2, NB>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
-                            out + m * npad, npad);
+    wna16_tile<BITS, 2, NB>(x + m * K, xs + m * G, K, G, group, w, gsc, b0, out + m * npad,
+                            npad);
   for (; m < M; ++m)
-    wna16_tile<BITS, 1, NB>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
-                            out + m * npad, npad);
+    wna16_tile<BITS, 1, NB>(x + m * K, xs + m * G, K, G, group, w, gsc, b0, out + m * npad,
+                            npad);
 }
 
-template <int BITS>
+template <int BITS, typename S>
 void wna16_run(const float* x, const float* xs, int64_t M, int64_t K, int64_t G,
-               int64_t group, const uint8_t* w, const float* scales, const float* zs,
-               int64_t npad, float* out) {
+               int64_t group, const uint8_t* w, const GroupScales<S>& gsc, int64_t npad,
+               float* out) {
   // Two blocks (32 rows) per work item on AVX-512, one on 8-lane ISAs (register count).
   constexpr int NB = kVecs == 1 ? 2 : 1;
   const int64_t blocks = npad / kRows;
@@ -195,10 +229,10 @@ void wna16_run(const float* x, const float* xs, int64_t M, int64_t K, int64_t G,
     const float* xsm = xs + m0 * G;
     float* om = out + m0 * npad;
     if (b0 + NB <= blocks) {
-      wna16_rows<BITS, NB>(xm, xsm, mn, K, G, group, w, scales, zs, npad, b0, om);
+      wna16_rows<BITS, NB>(xm, xsm, mn, K, G, group, w, gsc, npad, b0, om);
     } else {
       for (int64_t b = b0; b < blocks; ++b)
-        wna16_rows<BITS, 1>(xm, xsm, mn, K, G, group, w, scales, zs, npad, b, om);
+        wna16_rows<BITS, 1>(xm, xsm, mn, K, G, group, w, gsc, npad, b, om);
     }
   });
 }
@@ -217,10 +251,10 @@ void wna16_run(const float* x, const float* xs, int64_t M, int64_t K, int64_t G,
 // token row (decode), where MT x NB alone gives too few dependency chains.
 constexpr int64_t kQuantAhead = 2048;
 
-template <int MT, int NB, int U>
+template <int MT, int NB, int U, typename S>
 void wna16_bf16_tile(const bf16* x, const float* xs, int64_t K, int64_t G, int64_t group,
-                     const uint8_t* w, const float* scales, const float* zs, int64_t npad,
-                     int64_t b0, float* out, int64_t ldo) {
+                     const uint8_t* w, const GroupScales<S>& gsc, int64_t b0, float* out,
+                     int64_t ldo) {
   static_assert(U % 2 == 0, "lo and hi of each unit take one accumulator set each");
   constexpr int L = NB * kVecs;
   constexpr int64_t kUnitBytes = 2 * kRows;
@@ -250,10 +284,7 @@ void wna16_bf16_tile(const bf16* x, const float* xs, int64_t K, int64_t G, int64
       }
     };
     const int64_t u0 = g * units, u1 = u0 + units;
-    GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb) {  // the next groups' scales and zeros
-      vec::prefetch(scales + ((b0 + nb) * G + g + 2) * kRows);
-      vec::prefetch(zs + ((b0 + nb) * G + g + 2) * kRows);
-    }
+    GLOWLM_UNROLL for (int nb = 0; nb < NB; ++nb) gsc.prefetch(b0 + nb, g + 2);
     int64_t un = u0;
     for (; un + U / 2 <= u1; un += U / 2) {
       // Each block is a short stream (K / 2 * 16 bytes: 4.6 KiB at K = 576) that the
@@ -264,43 +295,38 @@ void wna16_bf16_tile(const bf16* x, const float* xs, int64_t K, int64_t G, int64
     }
     for (; un < u1; ++un) unit(un, 0);  // a group of units not divisible by U / 2
     // y += s * (sum(x (128 + q)) - (zero + 128) * sum(x)), per row of the group.
-    GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
-      const int64_t at = ((b0 + l / kVecs) * G + g) * kRows + (l % kVecs) * vec::W;
-      const VecF s = vec::load(scales + at);
-      const VecF z = vec::fmadd(vec::set1(128.0f), s, vec::load(zs + at));
-      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
-        VecF a = acc[m][l][0];
-        GLOWLM_UNROLL for (int u = 1; u < U; ++u) a = vec::add(a, acc[m][l][u]);
-        VecF y = vec::load(&yv[m][l * vec::W]);
-        y = vec::fmadd(s, a, y);
-        y = vec::fmadd(vec::sub(vec::zero(), z), vec::set1(xs[m * G + g]), y);
-        vec::store(&yv[m][l * vec::W], y);
+    VecF a[MT][L];
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+      GLOWLM_UNROLL for (int l = 0; l < L; ++l) {
+        a[m][l] = acc[m][l][0];
+        GLOWLM_UNROLL for (int u = 1; u < U; ++u) a[m][l] = vec::add(a[m][l], acc[m][l][u]);
       }
-    }
+    gsc.template apply<MT, L>(b0, g, 128.0f, a, xs, yv);
   }
   GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
     std::memcpy(out + m * ldo + b0 * kRows, yv[m], sizeof(float) * L * vec::W);
 }
 
-template <int NB>
+template <int NB, typename S>
 void wna16_bf16_rows(const bf16* x, const float* xs, int64_t M, int64_t K, int64_t G,
-                     int64_t group, const uint8_t* w, const float* scales, const float* zs,
-                     int64_t npad, int64_t b0, float* out) {
+                     int64_t group, const uint8_t* w, const GroupScales<S>& gsc, int64_t npad,
+                     int64_t b0, float* out) {
   int64_t m = 0;
   for (; m + 4 <= M; m += 4)
-    wna16_bf16_tile<4, NB, 2>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
-                              out + m * npad, npad);
+    wna16_bf16_tile<4, NB, 2>(x + m * K, xs + m * G, K, G, group, w, gsc, b0, out + m * npad,
+                              npad);
   for (; m + 2 <= M; m += 2)
-    wna16_bf16_tile<2, NB, 2>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
-                              out + m * npad, npad);
+    wna16_bf16_tile<2, NB, 2>(x + m * K, xs + m * G, K, G, group, w, gsc, b0, out + m * npad,
+                              npad);
   for (; m < M; ++m)
-    wna16_bf16_tile<1, NB, 4>(x + m * K, xs + m * G, K, G, group, w, scales, zs, npad, b0,
-                              out + m * npad, npad);
+    wna16_bf16_tile<1, NB, 4>(x + m * K, xs + m * G, K, G, group, w, gsc, b0, out + m * npad,
+                              npad);
 }
 
+template <typename S>
 void wna16_bf16_run(const bf16* x, const float* xs, int64_t M, int64_t K, int64_t G,
-                    int64_t group, const uint8_t* w, const float* scales, const float* zs,
-                    int64_t npad, float* out) {
+                    int64_t group, const uint8_t* w, const GroupScales<S>& gsc, int64_t npad,
+                    float* out) {
   constexpr int NB = kVecs == 1 ? 2 : 1;
   const int64_t blocks = npad / kRows;
   const int64_t items = (blocks + NB - 1) / NB;
@@ -311,11 +337,11 @@ void wna16_bf16_run(const bf16* x, const float* xs, int64_t M, int64_t K, int64_
     const int64_t m0 = mc * kTokenChunk, mn = std::min(kTokenChunk, M - m0);
     const int64_t b0 = item * NB;
     if (b0 + NB <= blocks) {
-      wna16_bf16_rows<NB>(x + m0 * K, xs + m0 * G, mn, K, G, group, w, scales, zs, npad, b0,
+      wna16_bf16_rows<NB>(x + m0 * K, xs + m0 * G, mn, K, G, group, w, gsc, npad, b0,
                           out + m0 * npad);
     } else {
       for (int64_t b = b0; b < blocks; ++b)
-        wna16_bf16_rows<1>(x + m0 * K, xs + m0 * G, mn, K, G, group, w, scales, zs, npad, b,
+        wna16_bf16_rows<1>(x + m0 * K, xs + m0 * G, mn, K, G, group, w, gsc, npad, b,
                            out + m0 * npad);
     }
   });
@@ -366,10 +392,14 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   TORCH_CHECK(bits == 4 || bits == 8, "wna16_linear: bits must be 4 or 8");
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous(),
               "wna16_linear: weight must be contiguous uint8 (prepared layout)");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && zs.scalar_type() == at::kFloat &&
-                  scales.is_contiguous() && zs.is_contiguous() && scales.dim() == 3 &&
-                  scales.size(2) == kRows && zs.sizes() == scales.sizes(),
-              "wna16_linear: scales and zs must be contiguous float32 [N/16, G, 16]");
+  const auto sdt = scales.scalar_type();
+  const bool sym = zs.numel() == 0;
+  TORCH_CHECK((sdt == at::kFloat || sdt == at::kHalf) && scales.is_contiguous() &&
+                  scales.dim() == 3 && scales.size(2) == kRows &&
+                  (sym || (zs.scalar_type() == sdt && zs.is_contiguous() &&
+                           zs.sizes() == scales.sizes())),
+              "wna16_linear: scales must be contiguous float32 or float16 [N/16, G, 16], and "
+              "zs the same or empty (symmetric)");
   const int64_t M = x.size(0), K = x.size(1), G = scales.size(1), npad = scales.size(0) * kRows;
   TORCH_CHECK(group_size % (bits == 4 ? 4 : 2) == 0 && G * group_size == K, "wna16_linear: K ",
               K, " is not ", G, " groups of ", group_size, " (a multiple of ", 16 / bits, ")");
@@ -378,25 +408,30 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   at::Tensor out = at::empty({M, npad}, x.options().dtype(at::kFloat));
   if (M == 0) return finish(out, n, bias, x.scalar_type());
   const uint8_t* w = weight.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* zp = zs.data_ptr<float>();
   std::vector<float> xs(static_cast<size_t>(M * G));
+  const float zero = static_cast<float>(1 << (bits - 1));  // symmetric weights' zero point
+  auto run = [&](const auto* sp) {
+    using S = std::remove_const_t<std::remove_pointer_t<decltype(sp)>>;
+    const GroupScales<S> gsc{sp, sym ? nullptr : static_cast<const S*>(zs.data_ptr()), zero, G};
 #if defined(GLOWLM_VEC_BF16DOT)
-  if (bits == 4 && x.scalar_type() == at::kBFloat16) {
-    at::Tensor xb = x.contiguous();
-    const bf16* xp = reinterpret_cast<const bf16*>(xb.data_ptr<at::BFloat16>());
-    group_sums(xp, M, K, group_size, xs.data());
-    wna16_bf16_run(xp, xs.data(), M, K, G, group_size, w, sp, zp, npad, out.data_ptr<float>());
-    return finish(out, n, bias, x.scalar_type());
-  }
+    if (bits == 4 && x.scalar_type() == at::kBFloat16) {
+      at::Tensor xb = x.contiguous();
+      const bf16* xp = reinterpret_cast<const bf16*>(xb.data_ptr<at::BFloat16>());
+      group_sums(xp, M, K, group_size, xs.data());
+      wna16_bf16_run(xp, xs.data(), M, K, G, group_size, w, gsc, npad, out.data_ptr<float>());
+      return;
+    }
 #endif
-  at::Tensor xf = x.to(at::kFloat).contiguous();
-  const float* xp = xf.data_ptr<float>();
-  group_sums(xp, M, K, group_size, xs.data());
-  if (bits == 4)
-    wna16_run<4>(xp, xs.data(), M, K, G, group_size, w, sp, zp, npad, out.data_ptr<float>());
-  else
-    wna16_run<8>(xp, xs.data(), M, K, G, group_size, w, sp, zp, npad, out.data_ptr<float>());
+    at::Tensor xf = x.to(at::kFloat).contiguous();
+    const float* xp = xf.data_ptr<float>();
+    group_sums(xp, M, K, group_size, xs.data());
+    if (bits == 4)
+      wna16_run<4>(xp, xs.data(), M, K, G, group_size, w, gsc, npad, out.data_ptr<float>());
+    else
+      wna16_run<8>(xp, xs.data(), M, K, G, group_size, w, gsc, npad, out.data_ptr<float>());
+  };
+  if (sdt == at::kHalf) run(reinterpret_cast<const fp16*>(scales.data_ptr<at::Half>()));
+  else run(scales.data_ptr<float>());
   return finish(out, n, bias, x.scalar_type());
 }
 
