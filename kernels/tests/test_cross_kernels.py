@@ -23,6 +23,7 @@ compiler or qemu skips that target with the reason (``make test-cross`` installs
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -40,7 +41,7 @@ from glowlm.plugin_api import (
     core_env,
 )
 from glowlm.plugin_api import reference_ops as reference
-from glowlm_kernels.build import CSRC
+from glowlm_kernels.build import CSRC, VARIANTS
 from glowlm_x86.quant import pack_w8a8, pack_weight_only
 
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -49,23 +50,22 @@ TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (1.6e-2, 1.6e-2),
 LINEAR_TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 1.6e-2),
               torch.float16: (2e-3, 2e-3)}
 
-#: name -> (compiler, flags, emulator command or () for native, needed CPU flag or None)
-TARGETS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str | None]] = {
-    "x86-avx2": ("g++", ("-mavx2", "-mfma", "-mf16c"), (), "avx2"),
-    "x86-avx512": ("g++", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma",
-                           "-mf16c"), (), "avx512bw"),
-    "x86-avx512-bf16": ("g++", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma",
-                                "-mf16c", "-mavx512bf16"), (), "avx512_bf16"),
-    "x86-portable": ("g++", ("-DGLOWLM_VEC_PORTABLE",), (), None),
-    "aarch64-neon": ("aarch64-linux-gnu-g++", ("-march=armv8-a",),
+#: name -> (compiler, the module variant (plugin, ISA) whose flags and optimisation level
+#: the driver is built with, emulator command or () for native, needed CPU flag or None)
+TARGETS: dict[str, tuple[str, tuple[str, str], tuple[str, ...], str | None]] = {
+    "x86-avx2": ("g++", ("x86", "avx2"), (), "avx2"),
+    "x86-avx512": ("g++", ("x86", "avx512"), (), "avx512bw"),
+    "x86-avx512-bf16": ("g++", ("x86", "avx512-bf16"), (), "avx512_bf16"),
+    "x86-portable": ("g++", ("x86", "portable"), (), None),
+    "aarch64-neon": ("aarch64-linux-gnu-g++", ("arm", "neon"),
                      ("qemu-aarch64", "-cpu", "cortex-a72", "-L", "/usr/aarch64-linux-gnu"),
                      None),
-    "aarch64-neon-bf16": ("aarch64-linux-gnu-g++", ("-march=armv8.6-a+bf16",),
+    "aarch64-neon-bf16": ("aarch64-linux-gnu-g++", ("arm", "neon-bf16"),
                           ("qemu-aarch64", "-cpu", "max", "-L", "/usr/aarch64-linux-gnu"),
                           None),
-    "s390x-z14": ("s390x-linux-gnu-g++", ("-march=z14",),
+    "s390x-z14": ("s390x-linux-gnu-g++", ("s390x", "z14"),
                   ("qemu-s390x", "-cpu", "max", "-L", "/usr/s390x-linux-gnu"), None),
-    "s390x-z15": ("s390x-linux-gnu-g++", ("-march=z15",),
+    "s390x-z15": ("s390x-linux-gnu-g++", ("s390x", "z15"),
                   ("qemu-s390x", "-cpu", "max", "-L", "/usr/s390x-linux-gnu"), None),
 }
 
@@ -189,29 +189,35 @@ def _max_tol(want: torch.Tensor, rel: float) -> tuple[float, float]:
 def _quant_cases(c: Cases, gen: torch.Generator) -> None:
     # (bits, n, k, group): N with a partial block, one and two groups, a group of units
     # not divisible by the accumulator sets (20 columns: 5 units), 8-bit column pairs.
-    # m 1, 2, 4 and 7 take the 1-, 2- and 4-token tiles and their tails.
+    # m 1, 2, 4 and 7 take the 1-, 2- and 4-token tiles and their tails. "sym": zero
+    # points all 2**(bits-1) and float16-exact scales, which the packing may store as
+    # float16 and without a zero * scale tensor (then the kernel derives it).
     shapes = ((4, 40, 64, 32), (4, 24, 40, 20), (8, 24, 64, 64))
-    for bits, n, k, group in shapes:
-        for dt in DTYPES:
-            for m in ((1, 7) if dt != torch.bfloat16 else (1, 2, 4, 7)):
-                q = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
-                scales = torch.rand(n, k // group, generator=gen) * 0.02 + 1e-3
-                zeros = torch.randint(0, 1 << bits, (n, k // group), generator=gen).float()
-                w = WeightOnlyInt(q, scales, zeros, bits, group)
-                x = _randn(m, k, dtype=dt, gen=gen)
-                bias = _randn(n, dtype=dt, gen=gen) if m % 2 else None
-                want = REFERENCE_QUANT_KERNELS.weight_only(x, w, bias)
-                p = pack_weight_only(w)
-                arrays = {"x": x, "weight": p.weight, "scales": p.scales, "zs": p.zs,
-                          "want": want}
-                if bias is not None:
-                    arrays["bias"] = bias
-                # fp32: the same sums in another order; bf16 / fp16: one output rounding.
-                rel = 2e-6 if dt == torch.float32 else 8e-3
-                c.add(f"wna16-w{bits}-x{DTYPES[dt]}-{m}x{n}x{k}-g{group}", "wna16_linear", dt,
-                      dt, _max_tol(want, rel),
-                      {"m": m, "n": n, "k": k, "bits": bits, "group": group,
-                       "blocks": p.scales.shape[0]}, None, arrays)
+    for (bits, n, k, group), dt, sym in itertools.product(shapes, DTYPES, (False, True)):
+        for m in ((1, 7) if dt != torch.bfloat16 else (1, 2, 4, 7)):
+            q = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
+            scales = torch.rand(n, k // group, generator=gen) * 0.02 + 1e-3
+            zeros = torch.randint(0, 1 << bits, (n, k // group), generator=gen).float()
+            if sym:
+                scales = scales.half().float()
+                zeros = torch.full_like(zeros, 1 << (bits - 1))
+            w = WeightOnlyInt(q, scales, zeros, bits, group)
+            x = _randn(m, k, dtype=dt, gen=gen)
+            bias = _randn(n, dtype=dt, gen=gen) if m % 2 else None
+            want = REFERENCE_QUANT_KERNELS.weight_only(x, w, bias)
+            p = pack_weight_only(w)
+            arrays = {"x": x, "weight": p.weight, "scales": p.scales, "want": want}
+            if p.zs.numel():
+                arrays["zs"] = p.zs
+            if bias is not None:
+                arrays["bias"] = bias
+            # fp32: the same sums in another order; bf16 / fp16: one output rounding.
+            rel = 2e-6 if dt == torch.float32 else 8e-3
+            c.add(f"wna16-w{bits}{'-sym' if sym else ''}-x{DTYPES[dt]}-{m}x{n}x{k}-g{group}",
+                  "wna16_linear", dt, dt, _max_tol(want, rel),
+                  {"m": m, "n": n, "k": k, "bits": bits, "group": group,
+                   "blocks": p.scales.shape[0],
+                   "scales_f16": int(p.scales.dtype == torch.float16)}, None, arrays)
     for m, n, k in ((1, 40, 66), (5, 16, 64)):
         for static in (None, (0.02, 0), (0.03, 5)):
             q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
@@ -301,7 +307,10 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 
 def _driver(target: str) -> Path:
-    cxx, flags, _, _ = TARGETS[target]
+    cxx, (plugin, isa), _, _ = TARGETS[target]
+    variant = VARIANTS[plugin][isa]
+    # The module's own flags and -O level (Arm: -O2, build.py), without the torch ones.
+    flags = (variant.opt, "-DNDEBUG", *variant.flags)
     # Everything, csrc/torch too: the driver compiles quant_linear.cpp.
     sources = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp"))
     h = hashlib.sha256(" ".join((cxx, *flags)).encode())
@@ -311,9 +320,8 @@ def _driver(target: str) -> Path:
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
-        # -O2: gcc 12 for aarch64 hit an internal compiler error at -O3 on one loop.
         # test/aten_shim first: quant_linear.cpp's <torch/all.h> is the driver's subset.
-        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", *flags,
+        cmd = [cxx, "-std=c++17", "-fopenmp", *flags,
                f"-I{CSRC / 'test' / 'aten_shim'}", f"-I{CSRC}",
                str(CSRC / "test" / "contract_driver.cpp"), "-o", str(tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
