@@ -1,4 +1,4 @@
-"""The decoder stack op with weight-only quantized projections (``rms_decoder_stack_q``).
+"""The decoder stack op with quantized projections (``rms_decoder_stack_q``).
 
 Quantized decode streams 3-4x fewer weight bytes than bf16, so the Python between the
 per-layer ops would be an even larger share of a step than it is for dense models; the
@@ -55,3 +55,42 @@ def test_quantized_layers_run_in_the_stack_op_and_match_the_module_path(
         la = torch.tensor([next(iter(p.values())).logprob for p in a.prompt_logprobs[1:]])
         lb = torch.tensor([next(iter(p.values())).logprob for p in b.prompt_logprobs[1:]])
         torch.testing.assert_close(la, lb, rtol=0, atol=1e-5 if dtype == "float32" else 0)
+
+
+FIXTURES = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" / "quant"
+
+
+@pytest.mark.parametrize("name", ["w8a8-dynamic", "w8a8-static-tensor", "w4a16-channel",
+                                  "gptq-w4a16-g128", "w8a16-channel"])
+def test_checkpoint_layers_run_in_the_stack_op(name: str) -> None:
+    """The real llm-compressor / GPTQ fixtures, W8A8 (dynamic and static activation
+    scales) among them: the stack op takes their layers and gives the module path's
+    tokens and prompt log-probs (float32: the same kernels in the same order)."""
+    require_kernels()
+    from glowlm import LLM, SamplingParams
+    from glowlm.testing.tiny_models import SMALL_ENGINE
+
+    llm = LLM(str(FIXTURES / name), platform="x86", dtype="float32",
+              enable_prefix_caching=False, **SMALL_ENGINE)
+    model = llm.engine.runner.model.model
+    if model.stack.fn is None:
+        pytest.fail(f"the stack op declined {name}'s layers")
+    calls = []
+    stack_fn = model.stack.fn
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = stack_fn(*args, **kwargs)
+        calls.append(out is not None)
+        return out
+
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9, 10, 11]}]
+    params = SamplingParams(max_tokens=5, temperature=0, prompt_logprobs=0, ignore_eos=True)
+    model.stack.fn = counting
+    fused = llm.generate(prompts, params, use_tqdm=False)
+    assert calls and all(calls), "the stack op declined a step"
+    model.stack.fn = None
+    modules = llm.generate(prompts, params, use_tqdm=False)
+    assert fused[0].outputs[0].token_ids == modules[0].outputs[0].token_ids
+    la = torch.tensor([next(iter(p.values())).logprob for p in fused[0].prompt_logprobs[1:]])
+    lb = torch.tensor([next(iter(p.values())).logprob for p in modules[0].prompt_logprobs[1:]])
+    torch.testing.assert_close(la, lb, rtol=0, atol=1e-5)

@@ -26,18 +26,24 @@ at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const std::optional<
   return a.size(0) <= gemv_max_m ? gemv(a, w, b) : gemm(a, w, b);
 }
 
-// One projection of an RMSNorm layer: dense (bits == 0: w is the [N, K] weight), or
-// weight-only quantized (w, scales, zs in wna16_linear's prepared layout, n outputs).
+// One projection of an RMSNorm layer: dense (bits == 0: w is the [N, K] weight),
+// weight-only quantized (bits 4 or 8: w, scales, zs in wna16_linear's prepared layout,
+// `param` the group size), or int8 x int8 (bits kW8A8: w, scales = wscale, zs = wsum in
+// w8a8_linear's layout, `param` the input zero point, input_scale <= 0 dynamic); n outputs.
+constexpr int64_t kW8A8 = -8;
+
 struct Proj {
   at::Tensor w;
   std::optional<at::Tensor> b;
   at::Tensor scales, zs;
-  int64_t bits = 0, group = 0, n = 0;
+  int64_t bits = 0, param = 0, n = 0;
+  double input_scale = -1.0;
 
   int64_t rows() const { return bits == 0 ? w.size(0) : n; }
   at::Tensor operator()(const at::Tensor& a, int64_t gemv_max_m) const {
     if (bits == 0) return linear(a, w, b, gemv_max_m);
-    return wna16_linear(a.contiguous(), w, scales, zs, bits, group, n, b);
+    if (bits == kW8A8) return w8a8_linear(a, w, scales, zs, input_scale, param, n, b);
+    return wna16_linear(a.contiguous(), w, scales, zs, bits, param, n, b);
   }
 };
 
@@ -206,12 +212,14 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack(
                              gemv_max_m);
 }
 
-// The stack with weight-only quantized projections: the weights list as above, with a
-// projection's weight slot holding its prepared uint8 weight; ``quant`` holds (scales,
-// zs) and ``info`` (bits, group size, outputs) for each layer's qkv, o, gate_up, down
-// in that order (bits 0: that projection is dense, its quant slots None). Empty lists:
-// every projection dense. Quantized decode needs this most: its weights stream 3-4x
-// faster than bf16, so the Python between the ops would be an even larger share.
+// The stack with quantized projections: the weights list as above, with a projection's
+// weight slot holding its prepared weight; for each layer's qkv, o, gate_up, down in that
+// order ``quant`` holds three tensors and ``info`` (bits, param, outputs): weight-only
+// (scales, zs, None; bits 4 or 8, param the group size), W8A8 (wscale, wsum, the static
+// input scale as a float32 [1] or None for dynamic; bits kW8A8, param the input zero
+// point), dense (None x 3; bits 0). Empty lists: every projection dense. Quantized
+// decode needs this most: its weights stream 2-4x faster than bf16, so the Python
+// between the ops would be an even larger share.
 std::tuple<at::Tensor, at::Tensor> rms_decoder_stack_q(
     const at::Tensor& positions, const at::Tensor& x_in, const std::optional<at::Tensor>& residual,
     const c10::List<std::optional<at::Tensor>>& w,
@@ -223,21 +231,24 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack_q(
   const int64_t layers = stack_layers(w, kRmsWeights, kv_caches, "rms_decoder_stack");
   const bool quantized = !info.empty();
   TORCH_CHECK(!quantized || (static_cast<int64_t>(info.size()) == layers * 4 * 3 &&
-                             static_cast<int64_t>(quant.size()) == layers * 4 * 2),
-              "rms_decoder_stack_q: expected 4 x (bits, group, n) and 4 x (scales, zs) per "
-              "layer, got ", info.size(), " and ", quant.size(), " for ", layers, " layers");
+                             static_cast<int64_t>(quant.size()) == layers * 4 * 3),
+              "rms_decoder_stack_q: expected 4 x (bits, param, n) and 4 x 3 quant tensors "
+              "per layer, got ", info.size(), " and ", quant.size(), " for ", layers,
+              " layers");
   // Projection j (qkv, o, gate_up, down) of layer l: weight slot, bias slot.
   constexpr int64_t kSlots[4][2] = {{1, 2}, {5, 6}, {8, 9}, {10, 11}};
   auto proj = [&](int64_t l, int j) {
     const int64_t b = l * kRmsWeights;
     Proj p = dense(need(w, b + kSlots[j][0]), w.get(b + kSlots[j][1]));
     if (quantized && info[(l * 4 + j) * 3] != 0) {
-      const int64_t i = (l * 4 + j) * 3, q = (l * 4 + j) * 2;
+      const int64_t i = (l * 4 + j) * 3;
       p.bits = info[i];
-      p.group = info[i + 1];
+      p.param = info[i + 1];
       p.n = info[i + 2];
-      p.scales = need(quant, q);
-      p.zs = need(quant, q + 1);
+      p.scales = need(quant, i);
+      p.zs = need(quant, i + 1);
+      const std::optional<at::Tensor> in_scale = quant.get(i + 2);
+      if (p.bits == kW8A8 && in_scale) p.input_scale = in_scale->item<float>();
     }
     return p;
   };

@@ -82,9 +82,13 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack_q(
     bool is_neox, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
-// quant_linear.cpp: weight-only int4/int8 (the stack's quantized projections).
+// quant_linear.cpp: weight-only int4/int8 and int8 x int8 (the stack's quantized
+// projections).
 at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
                         const at::Tensor& zs, int64_t bits, int64_t group_size, int64_t n,
                         const std::optional<at::Tensor>& bias);
+at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& wscale,
+                       const at::Tensor& wsum, double input_scale, int64_t input_zp, int64_t n,
+                       const std::optional<at::Tensor>& bias);
 
 }  // namespace glowlm

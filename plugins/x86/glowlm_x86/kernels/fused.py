@@ -35,6 +35,9 @@ from glowlm.plugin_api import (
 from glowlm_x86.kernels.attention import X86AttentionBackend
 from glowlm_x86.kernels.linear import KERNEL_DTYPES, GemmPolicy
 
+#: ``info``'s bits for an int8 x int8 projection (fused_layer.cpp's kW8A8).
+W8A8 = -8
+
 
 def _kernel_dtypes(*tensors: torch.Tensor) -> bool:
     return all(t.dtype in KERNEL_DTYPES for t in tensors)
@@ -133,20 +136,25 @@ def make_ln_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
 
 def _quant_parts(layers: Sequence[RmsDecoderWeights]
                  ) -> tuple[list[torch.Tensor | None], list[int]] | None:
-    """``rms_decoder_stack_q``'s ``quant`` and ``info`` lists; None if a layer has a
-    projection this op cannot run (W8A8, act-order columns, another plugin's form)."""
-    from glowlm_x86.quant import PackedWeightOnly
+    """``rms_decoder_stack_q``'s ``quant`` and ``info`` lists (three tensors and three
+    ints per projection, see fused_layer.cpp); None if a layer has a projection this op
+    cannot run (act-order columns, another plugin's form)."""
+    from glowlm_x86.quant import PackedW8A8, PackedWeightOnly
 
     quant: list[torch.Tensor | None] = []
     info: list[int] = []
     for w in layers:
         for p in w.quant or (None,) * 4:
             if p is None:
-                quant += [None, None]
+                quant += [None, None, None]
                 info += [0, 0, 0]
             elif isinstance(p, PackedWeightOnly) and p.perm is None:
-                quant += [p.scales, p.zs]
+                quant += [p.scales, p.zs, None]
                 info += [p.bits, p.group_size, p.n]
+            elif isinstance(p, PackedW8A8):
+                static = torch.tensor([p.input_scale], dtype=torch.float32)
+                quant += [p.scale, p.wsum, static if p.input_scale > 0 else None]
+                info += [W8A8, p.input_zero_point, p.n]
             else:
                 return None
     return quant, info
