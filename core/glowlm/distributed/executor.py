@@ -11,11 +11,12 @@ plans its memory, loads its shard and then loops on the step broadcast.
 Several hosts (``--nnodes N``, one command per host): node 0 runs the driver and
 ranks 0..L-1 (L = world / N); node n runs a headless command
 (:mod:`glowlm.distributed.node`) that connects to the driver at
-``--master-addr:--master-port`` and starts ranks n*L .. n*L+L-1. To the driver a
-remote node is one more peer of the start-up handshake, and each step's inputs
-go to it over that connection; the node relays them to its ranks through its own
-shared memory. Groups whose ranks are all on one host use shared memory there;
-groups that span hosts use gloo (:mod:`glowlm.distributed.gloo`).
+``--master-addr:--master-port`` (the link: :mod:`glowlm.distributed.hosts`) and
+starts ranks n*L .. n*L+L-1. To the driver a remote node is one more peer of the
+start-up handshake, and each step's inputs go to it over that connection; the
+node relays them to its ranks through its own shared memory. Groups whose ranks
+are all on one host use shared memory there; groups that span hosts use gloo
+(:mod:`glowlm.distributed.gloo`).
 
 Start-up is a handshake (a pipe per local rank, a TCP connection per remote node)
 so that a rank that fails (memory plan, broken checkpoint) stops everybody with
@@ -49,6 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from glowlm.distributed import hosts
 from glowlm.distributed.gloo import GlooGroup, init_gloo
 from glowlm.distributed.parallel import ParallelState
 from glowlm.distributed.shm import RankFailure, ShmGroup, create_segment, unlink_segment
@@ -61,15 +63,6 @@ __all__ = ["Executor", "Layout", "RankComms", "init_gloo"]
 
 #: Seconds a rank may take from spawn to "planned" and from "load" to "loaded".
 SETUP_TIMEOUT = 1800.0
-#: Seconds the driver waits for the other hosts' commands to connect.
-NODE_JOIN_TIMEOUT = 900.0
-#: vLLM's default --master-port.
-DEFAULT_MASTER_PORT = 29501
-#: Shared by every glowlm of the same protocol: a stray connection fails the challenge
-#: instead of being unpickled. It is no secret: run several hosts on a private network.
-AUTHKEY = b"glowlm-nodes-1"
-#: A message to a remote node that is not a pickled step: stop, with the reason after it.
-STOP_PREFIX = b"stop:"
 
 Key = tuple[Any, ...]
 
@@ -246,14 +239,6 @@ def exit_description(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def master_address(config: Any) -> tuple[str, int]:
-    """(address, port) the hosts meet at: flags, then MASTER_ADDR / MASTER_PORT, then
-    vLLM's defaults (127.0.0.1:29501)."""
-    addr = config.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = config.master_port or int(os.environ.get("MASTER_PORT") or DEFAULT_MASTER_PORT)
-    return addr, int(port)
-
-
 @dataclass
 class Peer:
     """One party of the start-up handshake: a local rank (``proc``) or a remote node."""
@@ -315,9 +300,7 @@ def _recv(peer: Peer) -> tuple[str, Any]:
         data = peer.conn.recv_bytes()
     except OSError:
         raise EOFError from None
-    if data.startswith(STOP_PREFIX):
-        return "stop", data[len(STOP_PREFIX):].decode(errors="replace")
-    return pickle.loads(data)
+    return hosts.decode(data)
 
 
 def spawn_ranks(config: Any, layout: Layout, ranks: range, addr: str, port: int
@@ -379,7 +362,7 @@ class Executor:
         self._listener: socket.socket | None = None
         self.layout = Layout.create(self.tp, self.pp, self.nnodes, 0)
         if self.nnodes > 1:
-            self.addr, control = master_address(config)
+            self.addr, control = hosts.master_address(config)
             self.port = control + 1
         else:
             self.addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -387,13 +370,15 @@ class Executor:
         try:
             self.comms = RankComms(self.layout, 0)
             if self.nnodes > 1:  # listen before the ranks start: a busy port fails at once
-                self._listener = _listen(self.addr, control)
+                self._listener = hosts.listen(self.addr, control)
             self.local = spawn_ranks(config, self.layout, range(1, self.layout.local_world),
                                      self.addr, self.port)
             self.procs = [p.proc for p in self.local]
             self.conns = [p.conn for p in self.local]
             if self.nnodes > 1:
-                self.nodes = self._accept_nodes(control)
+                self.nodes = [Peer(f"node {n}", conn, None, n, where) for n, conn, where
+                              in hosts.accept_nodes(self._listener, config, self.local,
+                                                    self.addr, control)]
                 self._listener.close()  # complete: a late extra host is refused, not held
                 self._listener = None
         except BaseException:
@@ -411,84 +396,6 @@ class Executor:
         else:
             logger.info("started %d rank process(es) (TP %d x PP %d): pids %s",
                         len(self.procs), self.tp, self.pp, pids)
-
-    # -- other hosts ----------------------------------------------------------------------
-
-    def _accept_nodes(self, control: int) -> list[Peer]:
-        """Wait for nodes 1..N-1 to connect and say hello; send each the engine config."""
-        from glowlm.distributed.node import describe_model, headless_command
-
-        assert self._listener is not None
-        expected = set(range(1, self.nnodes))
-        nodes: dict[int, Peer] = {}
-        logger.info("waiting for %d other host(s) at %s:%d; on host n (1..%d) run: %s",
-                    len(expected), self.addr, control, self.nnodes - 1,
-                    headless_command(self.config, self.addr, control))
-        mine = describe_model(self.config)
-        deadline = time.monotonic() + NODE_JOIN_TIMEOUT
-        while expected - set(nodes):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = ", ".join(map(str, sorted(expected - set(nodes))))
-                raise GlowlmError(f"node(s) {missing} of --nnodes {self.nnodes} did not join "
-                                  f"within {NODE_JOIN_TIMEOUT:.0f} s at {self.addr}:{control}")
-            ready = mpc.wait([self._listener, *[p.proc.sentinel for p in self.local]],
-                             timeout=min(left, 1.0))
-            for obj in ready:
-                if obj is not self._listener:
-                    peer = next(p for p in self.local if p.proc.sentinel == obj)
-                    raise GlowlmError(f"{peer.gone()} during start-up")
-            if self._listener not in ready:
-                continue
-            sock, peer_addr = self._listener.accept()
-            set_socket_options(sock, timeout=30.0)  # a silent stranger cannot stall us
-            conn = mpc.Connection(sock.detach())
-            try:
-                mpc.deliver_challenge(conn, AUTHKEY)
-                mpc.answer_challenge(conn, AUTHKEY)
-                tag, hello = pickle.loads(conn.recv_bytes())
-                if tag != "hello" or not isinstance(hello, dict):
-                    raise ValueError(f"expected a hello, got {tag!r}")
-            except (OSError, EOFError, mpc.AuthenticationError, pickle.UnpicklingError,
-                    ValueError, TypeError) as exc:
-                logger.warning("ignored a connection from %s:%d that is not a glowlm node "
-                               "(%s)", peer_addr[0], peer_addr[1], exc)
-                conn.close()
-                continue
-            set_socket_options(conn, timeout=None)
-            node = hello.get("node_rank")
-            problem = self._check_hello(hello, mine, nodes)
-            if problem:
-                with contextlib.suppress(OSError):
-                    conn.send_bytes(pickle.dumps(("error", problem)))
-                conn.close()
-                raise GlowlmError(problem)
-            where = f"{hello.get('host', peer_addr[0])}, pid {hello.get('pid')}"
-            nodes[node] = Peer(f"node {node}", conn, None, node, where)
-            local = self.layout.local_world
-            logger.info("node %d joined from %s (%s): %s", node, peer_addr[0], where,
-                        span(range(node * local, node * local + local)))
-        joined = [nodes[n] for n in sorted(nodes)]
-        for peer in joined:
-            peer.conn.send_bytes(pickle.dumps(("config", self.config)))
-        return joined
-
-    def _check_hello(self, hello: dict[str, Any], mine: str, nodes: dict[int, Peer]
-                     ) -> str | None:
-        node = hello.get("node_rank")
-        theirs = (hello.get("tp"), hello.get("pp"), hello.get("nnodes"))
-        if theirs != (self.tp, self.pp, self.nnodes):
-            return (f"node {node} was started with -tp {theirs[0]} -pp {theirs[1]} --nnodes "
-                    f"{theirs[2]}, node 0 with -tp {self.tp} -pp {self.pp} --nnodes "
-                    f"{self.nnodes}; every host needs the same sizes")
-        if not isinstance(node, int) or not 1 <= node < self.nnodes:
-            return f"a node joined with --node-rank {node}; expected 1..{self.nnodes - 1}"
-        if node in nodes:
-            return f"two hosts were started with --node-rank {node}"
-        if hello.get("model") != mine:
-            return (f"node {node}'s model ({hello.get('model')}) differs from node 0's "
-                    f"({mine}); every host needs the same checkpoint")
-        return None
 
     # -- start-up handshake ---------------------------------------------------------------
 
@@ -603,11 +510,7 @@ class Executor:
 
     def _stop_nodes(self, reason: str) -> None:
         """Tell every remote node to stop its ranks (one line, the reason)."""
-        for node in self.nodes:
-            with contextlib.suppress(Exception):
-                node.conn.send_bytes(STOP_PREFIX + reason.encode())
-            with contextlib.suppress(Exception):
-                node.conn.close()
+        hosts.stop_nodes([node.conn for node in self.nodes], reason)
 
     def shutdown(self) -> None:
         """Stop every rank (a clean stop message when they are in the step loop)."""
@@ -642,30 +545,6 @@ class Executor:
 
     def started_loop(self) -> None:
         self._in_loop = True
-
-
-def set_socket_options(sock: Any, timeout: float | None) -> None:
-    """No Nagle delay on step messages; ``timeout``: a blocking read gives up after it
-    (SO_RCVTIMEO: the descriptor stays blocking, as multiprocessing's Connection needs)."""
-    import struct
-
-    s = sock if isinstance(sock, socket.socket) else socket.socket(fileno=sock.fileno())
-    try:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        secs = 0 if timeout is None else int(timeout)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, 0))
-    finally:
-        if s is not sock:
-            s.detach()
-
-
-def _listen(addr: str, port: int) -> socket.socket:
-    try:
-        sock = socket.create_server((addr, port), backlog=64)
-    except OSError as exc:
-        raise GlowlmError(f"cannot listen for the other hosts at {addr}:{port} "
-                          f"(--master-addr/--master-port): {exc.strerror or exc}") from None
-    return sock
 
 
 class DriverLink:

@@ -29,18 +29,13 @@ import threading
 import time
 from typing import Any
 
-from glowlm.distributed.executor import (
-    AUTHKEY,
-    NODE_JOIN_TIMEOUT,
+from glowlm.distributed.executor import Layout, Peer, collect, span, spawn_ranks, terminate
+from glowlm.distributed.hosts import (
     STOP_PREFIX,
-    Layout,
-    Peer,
-    collect,
+    connect,
+    decode,
     master_address,
     set_socket_options,
-    span,
-    spawn_ranks,
-    terminate,
 )
 from glowlm.errors import ConfigError, GlowlmError
 from glowlm.logger import init_logger
@@ -72,47 +67,6 @@ def headless_command(config: Any, addr: str, port: int) -> str:
             f"--master-addr {addr} --master-port {port} --headless")
 
 
-def _connect(addr: str, port: int) -> Any:
-    """Connect to the driver, retrying while node 0 is not listening yet."""
-    import multiprocessing.connection as mpc
-
-    deadline = time.monotonic() + NODE_JOIN_TIMEOUT
-    said = False
-    while True:
-        try:
-            sock = socket.create_connection((addr, port), timeout=10.0)
-            break
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise GlowlmError(f"cannot reach the driver (node 0) at {addr}:{port} within "
-                                  f"{NODE_JOIN_TIMEOUT:.0f} s: {exc.strerror or exc}; check "
-                                  "--master-addr / --master-port") from None
-            if not said:
-                logger.info("waiting for node 0 at %s:%d (%s)", addr, port,
-                            exc.strerror or exc)
-                said = True
-            time.sleep(0.5)
-    sock.settimeout(None)
-    set_socket_options(sock, timeout=30.0)
-    conn = mpc.Connection(sock.detach())
-    try:
-        mpc.answer_challenge(conn, AUTHKEY)
-        mpc.deliver_challenge(conn, AUTHKEY)
-    except (OSError, EOFError, mpc.AuthenticationError) as exc:
-        conn.close()
-        raise GlowlmError(f"{addr}:{port} is not a glowlm driver of the same version "
-                          f"({exc})") from None
-    return conn
-
-
-def _read(conn: Any) -> tuple[str, Any]:
-    """One message from the driver: a pickled (tag, value), or a stop notice."""
-    data = conn.recv_bytes()
-    if data.startswith(STOP_PREFIX):
-        return "stop", data[len(STOP_PREFIX):].decode(errors="replace")
-    return pickle.loads(data)
-
-
 class HeadlessNode:
     """This host's part of a multi-host group (see the module docstring)."""
 
@@ -132,7 +86,7 @@ class HeadlessNode:
 
     def _expect(self, tag: str) -> Any:
         try:
-            got, value = _read(self.conn)
+            got, value = decode(self.conn.recv_bytes())
         except (EOFError, OSError):
             raise GlowlmError(self._driver_gone()) from None
         if got == "stop":
@@ -158,7 +112,7 @@ class HeadlessNode:
     def run(self) -> int:
         from glowlm.distributed.shm import RankFailure, ShmGroup
 
-        self.conn = _connect(self.addr, self.port)
+        self.conn = connect(self.addr, self.port)
         c = self.given
         self._send(("hello", {"node_rank": self.node, "nnodes": c.nnodes,
                               "tp": c.tensor_parallel_size, "pp": c.pipeline_parallel_size,
