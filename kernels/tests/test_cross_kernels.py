@@ -42,7 +42,7 @@ from glowlm.plugin_api import (
 )
 from glowlm.plugin_api import reference_ops as reference
 from glowlm_kernels.build import CSRC, VARIANTS
-from glowlm_x86.quant import pack_w8a8, pack_weight_only
+from glowlm_kernels.quant import pack_w8a8, pack_weight_only
 
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (1.6e-2, 1.6e-2),

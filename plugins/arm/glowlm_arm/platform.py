@@ -12,16 +12,18 @@ from pathlib import Path
 import torch
 from glowlm.plugin_api import Capabilities, HostInfo, Match, Platform
 from glowlm_kernels.parts import OP_NAMES, CompiledKernelsPlatform
+from glowlm_kernels.quant import QUANT_OP_NAMES
 
 
 class ArmPlatform(CompiledKernelsPlatform, Platform):
     """Linux aarch64 with NEON.
 
-    dtypes: bfloat16 first where the CPU has ``bf16`` (native BFDOT/BFMMLA GEMMs),
-    then float32, float16. Without ``bf16`` the list is float32, float16: a
-    bfloat16 model then runs in float32 (with a log line), and ``--dtype bfloat16``
-    is refused, because emulated bfloat16 on such cores is slower than float32.
-    No quantization methods are declared.
+    dtypes: bfloat16 first where the CPU has ``bf16`` (BFCVT rounding in every kernel,
+    BFDOT in the 4-bit weight-only one), then float32, float16. Without ``bf16`` the
+    list is float32, float16: a bfloat16 model then runs in float32 (with a log line),
+    and ``--dtype bfloat16`` is refused, because emulated bfloat16 on such cores is
+    slower than float32. Quantization: AWQ, GPTQ, compressed-tensors and GGUF, on the
+    module's ``wna16_linear`` / ``w8a8_linear`` (:mod:`glowlm_arm.quant`).
 
     Kernels: the shared kernel tree compiled at install for NEON (``-march=armv8-a``)
     and NEON + BF16 (``-march=armv8.6-a+bf16``); the live CPU picks the module
@@ -60,7 +62,9 @@ class ArmPlatform(CompiledKernelsPlatform, Platform):
             dtypes = (torch.bfloat16, torch.float32, torch.float16)
         else:
             dtypes = (torch.float32, torch.float16)
-        return Capabilities(isa=match.isa or "neon", dtypes=dtypes, kernels=OP_NAMES)
+        return Capabilities(isa=match.isa or "neon", dtypes=dtypes,
+                            quantization=("awq", "gptq", "compressed-tensors", "gguf"),
+                            kernels=OP_NAMES + QUANT_OP_NAMES)
 
     def startup_notes(self) -> list[str]:
         notes = super().startup_notes()

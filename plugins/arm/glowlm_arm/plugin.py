@@ -13,3 +13,10 @@ GLOWLM_PLUGIN_API = "1.0"
 @hookimpl
 def glowlm_platforms() -> list[type[Platform]]:
     return [ArmPlatform]
+
+
+@hookimpl
+def glowlm_quantization_configs() -> list[type]:
+    from glowlm_arm.quant import quantization_configs
+
+    return quantization_configs()

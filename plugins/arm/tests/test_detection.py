@@ -23,7 +23,7 @@ def test_graviton2_neoverse_n1_is_neon_without_bfloat16() -> None:
     assert p.capabilities.dtypes == (torch.float32, torch.float16)
     assert "bf16" in p.match.reason
     assert any("bf16" in n for n in p.startup_notes())
-    assert p.capabilities.quantization == ()
+    assert p.capabilities.quantization == ("awq", "gptq", "compressed-tensors", "gguf")
 
 
 def test_graviton3_neoverse_v1_has_native_bfloat16_first() -> None:

@@ -13,6 +13,7 @@ from glowlm.plugin_api import from_dump
 from glowlm.testing.hosts import HOSTS_DIR
 from glowlm_arm.platform import ArmPlatform
 from glowlm_kernels.parts import OP_NAMES
+from glowlm_kernels.quant import QUANT_OP_NAMES
 
 HOSTS = HOSTS_DIR  # the recorded hosts glowlm ships (glowlm.testing.hosts)
 GRAVITON2 = HOSTS / "aarch64-graviton2-neoverse-n1.cpuinfo"
@@ -25,7 +26,7 @@ def _platform(dump: Path) -> ArmPlatform:
 
 
 def test_capabilities_list_the_compiled_kernels() -> None:
-    assert _platform(GRAVITON3).capabilities.kernels == OP_NAMES
+    assert _platform(GRAVITON3).capabilities.kernels == OP_NAMES + QUANT_OP_NAMES
     assert {"gemv", "gemm", "paged_attention", "rms_norm"} <= set(OP_NAMES)
 
 
@@ -46,3 +47,22 @@ def test_a_recorded_host_on_another_cpu_runs_reference_and_says_so(
     assert p.attention_backend().name == "reference"
     assert p.capabilities.kernels == ()
     assert any("core's reference ops" in n for n in p.startup_notes())
+
+
+def test_quantized_methods_fall_back_to_the_reference_where_the_module_cannot_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The methods are declared; on a CPU that cannot run this module (this recorded host
+    replayed here) they run core's reference matmuls, never a missing op."""
+    from glowlm.plugin_api import REFERENCE_QUANT_KERNELS
+    from glowlm_arm.quant import quantization_configs
+
+    monkeypatch.setattr("glowlm.platforms.host.live", lambda: from_dump(
+        HOSTS / "x86_64-icelake-xeon-8375c.cpuinfo"))
+    p = _platform(GRAVITON3)
+    configs = quantization_configs()
+    assert {c.name for c in configs} >= set(p.capabilities.quantization)
+    for cls in configs:
+        assert cls.supports(p)
+        config = cls.__new__(cls)
+        config.platform = p
+        assert config.kernels() is REFERENCE_QUANT_KERNELS

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from glowlm.plugin_api import Capabilities, HostInfo, Match, Platform
 from glowlm_kernels.parts import OP_NAMES, CompiledKernelsPlatform
+from glowlm_kernels.quant import QUANT_OP_NAMES
 
 NO_VXE = ("needs the vector-enhancements facility (vxe, z15 or newer; z14 also has it); "
           "this CPU's features lack vxe")
@@ -22,9 +23,9 @@ class S390xPlatform(CompiledKernelsPlatform, Platform):
     """Linux s390x with vxe. Experimental.
 
     dtypes: float32 first (the fallback), bfloat16, float16, all supported. The
-    quantization methods are those of x86 (AWQ, GPTQ, compressed-tensors), registered by
-    :mod:`glowlm_s390x.quant`; they run core's reference matmuls (the compiled
-    module's quantized ops are not wired yet; docs/quantization.md).
+    quantization methods are those of x86 (AWQ, GPTQ, compressed-tensors, GGUF),
+    registered by :mod:`glowlm_s390x.quant`, on the compiled module's ``wna16_linear`` /
+    ``w8a8_linear``.
     """
 
     name = "s390x"
@@ -53,7 +54,7 @@ class S390xPlatform(CompiledKernelsPlatform, Platform):
     def capabilities_for(cls, host: HostInfo, match: Match) -> Capabilities:
         return Capabilities(isa="vxe", dtypes=(torch.float32, torch.bfloat16, torch.float16),
                             quantization=("awq", "gptq", "compressed-tensors", "gguf"),
-                            kernels=OP_NAMES, status="experimental")
+                            kernels=OP_NAMES + QUANT_OP_NAMES, status="experimental")
 
     def startup_notes(self) -> list[str]:
         notes = super().startup_notes()

@@ -1,19 +1,29 @@
-"""The quantized linear methods on IBM Z: core's formats with core's reference matmuls.
+"""The quantized linear methods on IBM Z: core's formats on the shared tree's kernels.
 
-The shared kernel tree compiles ``quant_linear.cpp`` into the s390x module too, but
-those ops are not called here yet (they are not tested under emulation), so AWQ, GPTQ,
-compressed-tensors and GGUF checkpoints run through core's pure-PyTorch reference
-(:mod:`glowlm.layers.quantization.kernels`): correct, slow.
+The s390x module is built from the same kernel tree as x86's, ``quant_linear.cpp``
+included (vec_portable.h: z14 VXE / z15 VXE2 vectors), and those kernels pass the same
+contract cases as x86's under qemu (``make test-cross``). AWQ, GPTQ, compressed-tensors
+and GGUF checkpoints run on them through :class:`glowlm_kernels.quant.CompiledQuantKernels`
+when the module loaded, on core's pure-PyTorch reference otherwise.
 """
 
 from __future__ import annotations
 
 from glowlm.plugin_api import REFERENCE_QUANT_KERNELS as REFERENCE_KERNELS
-from glowlm.plugin_api import QuantizationConfig
+from glowlm.plugin_api import Platform, QuantizationConfig, QuantKernels
 from glowlm.plugin_api import quantization_for_platform as for_platform
+from glowlm_kernels.quant import CompiledQuantKernels, quant_ops_registered, register_fakes
 
 from glowlm_s390x.platform import S390xPlatform
 
 
+def _kernels_for(platform: Platform) -> QuantKernels:
+    compiled = platform.compiled() if isinstance(platform, S390xPlatform) else None
+    if compiled is None or not quant_ops_registered(compiled.namespace):
+        return REFERENCE_KERNELS
+    register_fakes(compiled.namespace)
+    return CompiledQuantKernels(compiled.namespace, "s390x")
+
+
 def quantization_configs() -> list[type[QuantizationConfig]]:
-    return for_platform(S390xPlatform, lambda platform: REFERENCE_KERNELS)
+    return for_platform(S390xPlatform, _kernels_for)

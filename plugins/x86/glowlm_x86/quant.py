@@ -1,17 +1,15 @@
 """The x86 quantized linear methods: core's formats, compiled matmuls (``quant_linear.cpp``).
 
 :func:`quantization_configs` is what the plugin's ``glowlm_quantization_configs`` hook
-returns: AWQ, GPTQ and compressed-tensors configs serving the x86 platform (and Zen,
-which extends it). Their kernels are :class:`X86QuantKernels` when the compiled module
-loaded, core's pure-PyTorch reference otherwise (``GLOWLM_DISABLE_KERNELS=1``, no
+returns: AWQ, GPTQ, compressed-tensors and GGUF configs serving the x86 platform (and
+Zen, which extends it). Their kernels are :class:`X86QuantKernels` when the compiled
+module loaded, core's pure-PyTorch reference otherwise (``GLOWLM_DISABLE_KERNELS=1``, no
 compiler), so a quantized checkpoint always runs.
 
-Repacking happens once per layer after loading (``prepare_*``): the canonical
-unsigned values become the blocked layouts the kernels stream (see the C++ file's
-header), scales and ``zero * scale`` become ``[N/16, groups, 16]``, so the kernel reads
-16 consecutive output rows per load and each block's in one stream — float16 where that
-holds them exactly, and with no ``zero * scale`` at all for symmetric weights, since
-decode streams these bytes once per token too.
+The layouts and their repacking are the shared kernel tree's
+(:mod:`glowlm_kernels.quant`, also used by the Arm and s390x plugins); this module binds
+them to ``torch.ops.glowlm_x86`` and keeps x86's fallback for a kernel module built
+before ``quant_linear.cpp`` joined it (:func:`load_quant_ops`).
 """
 
 from __future__ import annotations
@@ -19,22 +17,25 @@ from __future__ import annotations
 import hashlib
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from glowlm.plugin_api import REFERENCE_QUANT_KERNELS as REFERENCE_KERNELS
-from glowlm.plugin_api import (
-    Int8Weights,
-    QuantizationConfig,
-    QuantKernels,
-    WeightOnlyInt,
-    core_env,
-    init_logger,
-)
+from glowlm.plugin_api import QuantizationConfig, QuantKernels, core_env, init_logger
 from glowlm.plugin_api import quantization_for_platform as for_platform
+from glowlm_kernels.quant import (  # noqa: F401 - re-exported: the layouts' home was here
+    QUANT_OP_NAMES,
+    ROWS,
+    CompiledQuantKernels,
+    PackedW8A8,
+    PackedWeightOnly,
+    pack_w8a8,
+    pack_weight_only,
+    packed_rows,
+    quant_ops_registered,
+)
+from glowlm_kernels.quant import register_fakes as _register_fakes
 
 from glowlm_x86.platform import X86Platform
 
@@ -43,152 +44,11 @@ logger = init_logger("glowlm.x86.quant")
 if TYPE_CHECKING:
     from glowlm.plugin_api import Platform
 
-ROWS = 16  #: output rows per weight block (one AVX-512 register of fp32 / int32 sums)
-#: The compiled quantized ops (added to ``Capabilities.kernels`` when they load).
-QUANT_OP_NAMES = ("wna16_linear", "w8a8_linear")
-
-
-def _pad_rows(t: torch.Tensor, rows: int, value: float = 0) -> torch.Tensor:
-    extra = (-t.shape[0]) % rows
-    return F.pad(t, (0, 0, 0, extra), value=value) if extra else t
-
-
-@dataclass
-class PackedWeightOnly:
-    weight: torch.Tensor         #: uint8, blocked (quant_linear.cpp)
-    scales: torch.Tensor         #: float32 or float16 [Npad/16, G, 16]
-    #: zero * scale, scales' dtype and shape; empty when symmetric (zero 2**(bits-1))
-    zs: torch.Tensor
-    bits: int
-    group_size: int
-    n: int
-    perm: torch.Tensor | None
-
-
-@dataclass
-class PackedW8A8:
-    weight: torch.Tensor         #: int8 [Npad/16, Kpad/4, 16, 4]
-    scale: torch.Tensor          #: float32 [Npad]
-    wsum: torch.Tensor           #: int32 [Npad]: row sums, undo the +128 of the u8 activations
-    input_scale: float           #: <= 0: dynamic per token
-    input_zero_point: int
-    n: int
-
-
-def pack_weight_only(w: WeightOnlyInt) -> PackedWeightOnly:
-    """Canonical [N, K] values -> ``[N/16][K/4][16][2]`` nibble bytes or ``[N/16][K/2][2][16]``.
-
-    4 bits: each 32-byte unit holds 16 rows x 4 columns, byte ``2r + j`` column ``j`` in
-    its low nibble and column ``2 + j`` in its high one, the operand order of a pairwise
-    bf16 dot product (quant_linear.cpp).
-    """
-    n, k = w.q.shape
-    q = _pad_rows(w.q, ROWS)
-    npad = q.shape[0]
-    if w.bits == 4:  # unit c of 16 rows: byte 2r + j = q[r, 4c + j] | q[r, 4c + 2 + j] << 4
-        units = q.view(npad // ROWS, ROWS, k // 4, 2, 2)
-        packed = (units[..., 0, :] | (units[..., 1, :] << 4)).permute(0, 2, 1, 3)
-    else:
-        packed = q.view(npad // ROWS, ROWS, k // 2, 2).permute(0, 2, 3, 1)
-    scales = _pad_rows(w.scales.float(), ROWS)
-    mid = float(1 << (w.bits - 1))
-    # Symmetric (every zero point the midpoint): no zero * scale tensor; the kernel
-    # derives it. Padded rows have scale 0, so their zero never matters.
-    zeros = _pad_rows(w.zeros.float(), ROWS, value=mid)
-    zs = None if bool((zeros == mid).all()) else zeros * scales
-    # float16 where it holds every value exactly (GGUF's fp16 scales, bf16 scales within
-    # fp16's normal range): half the bytes per group that decode streams.
-    dtype = torch.float16 if all(_exact_half(t) for t in (scales, zs) if t is not None) \
-        else torch.float32
-
-    def blocked(t: torch.Tensor) -> torch.Tensor:  # [Npad, G] -> [Npad/16, G, 16]
-        return t.view(npad // ROWS, ROWS, -1).permute(0, 2, 1).to(dtype).contiguous()
-
-    return PackedWeightOnly(packed.contiguous(), blocked(scales),
-                            torch.empty(0, dtype=dtype) if zs is None else blocked(zs),
-                            w.bits, w.group_size, n, w.perm)
-
-
-def _exact_half(t: torch.Tensor) -> bool:
-    """Whether float32 ``t`` survives float16 bit for bit (subnormals excluded)."""
-    h = t.to(torch.float16)
-    tiny = (t != 0) & (t.abs() < torch.finfo(torch.float16).tiny)
-    return bool(torch.equal(h.float(), t)) and not bool(tiny.any())
-
-
-def packed_rows(p: PackedWeightOnly, rows: torch.Tensor) -> torch.Tensor:
-    """Rows ``rows`` of a packed weight as float32 ``[M, K]``, ``q·scale − zs`` as the
-    kernels evaluate it: a tied embedding's lookup in a quantized LM head (GGUF), read
-    from the blocked layout :func:`pack_weight_only` wrote, so no other copy is kept."""
-    block, r = rows // ROWS, rows % ROWS
-    if p.bits == 4:  # weight [Npad/16, K/4, 16, 2]: byte j of unit c holds 4c+j | 4c+2+j
-        units = p.weight[block, :, r, :]                      # [M, K/4, 2]
-        q = torch.stack([units & 0x0F, units >> 4], dim=2)    # [M, K/4, lo/hi, j]
-    else:  # weight [Npad/16, K/2, 2, 16]
-        q = p.weight[block, :, :, r]                          # [M, K/2, 2]
-    q = q.reshape(rows.shape[0], -1).float()
-    g = p.group_size
-    s = p.scales[block, :, r].float()
-    zs = s * float(1 << (p.bits - 1)) if p.zs.numel() == 0 else p.zs[block, :, r].float()
-    y = q * s.repeat_interleave(g, 1) - zs.repeat_interleave(g, 1)
-    if p.perm is None:
-        return y
-    out = torch.empty_like(y)
-    out[:, p.perm] = y  # act order: the columns back in input order
-    return out
-
-
-def pack_w8a8(w: Int8Weights) -> PackedW8A8:
-    """int8 [N, K] -> ``[N/16][K/4][16][4]`` (vpdpbusd's operand), with row sums."""
-    n, k = w.q.shape
-    q = _pad_rows(w.q, ROWS)
-    if k % 4:
-        q = F.pad(q, (0, 4 - k % 4))
-    npad, kp = q.shape
-    packed = q.view(npad // ROWS, ROWS, kp // 4, 4).permute(0, 2, 1, 3).contiguous()
-    wsum = q.to(torch.int32).sum(1, dtype=torch.int32)
-    scale = F.pad(w.weight_scale.float(), (0, npad - n))
-    in_scale = -1.0 if w.input_scale is None else float(w.input_scale)
-    return PackedW8A8(packed, scale.contiguous(), wsum.contiguous(), in_scale,
-                      int(w.input_zero_point), n)
-
-
-class X86QuantKernels(QuantKernels):
+class X86QuantKernels(CompiledQuantKernels):
     """The compiled kernels (``torch.ops.glowlm_x86.wna16_linear`` / ``w8a8_linear``)."""
 
-    name = "x86"
-
-    def prepare_weight_only(self, w: WeightOnlyInt) -> PackedWeightOnly:
-        step = 4 if w.bits == 4 else 2
-        if w.group_size % step or w.q.shape[1] % step:
-            raise ValueError(f"{w.bits}-bit weight-only kernels need a group size that is a "
-                             f"multiple of {step}")
-        return pack_weight_only(w)
-
-    def weight_only(self, x: torch.Tensor, prepared: PackedWeightOnly,
-                    bias: torch.Tensor | None) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        if prepared.perm is not None:
-            x2 = x2.index_select(1, prepared.perm)
-        y = torch.ops.glowlm_x86.wna16_linear(x2, prepared.weight, prepared.scales, prepared.zs,
-                                              prepared.bits, prepared.group_size, prepared.n,
-                                              bias)
-        return y.reshape(*x.shape[:-1], prepared.n)
-
-    def weight_only_rows(self, prepared: PackedWeightOnly, rows: torch.Tensor
-                         ) -> torch.Tensor:
-        return packed_rows(prepared, rows)
-
-    def prepare_w8a8(self, w: Int8Weights) -> PackedW8A8:
-        return pack_w8a8(w)
-
-    def w8a8(self, x: torch.Tensor, prepared: PackedW8A8, bias: torch.Tensor | None
-             ) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        y = torch.ops.glowlm_x86.w8a8_linear(x2, prepared.weight, prepared.scale, prepared.wsum,
-                                             prepared.input_scale, prepared.input_zero_point,
-                                             prepared.n, bias)
-        return y.reshape(*x.shape[:-1], prepared.n)
+    def __init__(self) -> None:
+        super().__init__("glowlm_x86", "x86")
 
 
 X86_QUANT_KERNELS = X86QuantKernels()
@@ -208,11 +68,7 @@ def _source(csrc: Path) -> Path | None:
 
 
 def _registered() -> bool:
-    try:
-        torch.ops.glowlm_x86.wna16_linear.default  # noqa: B018 - raises if not registered
-    except (AttributeError, RuntimeError):
-        return False
-    return True
+    return quant_ops_registered("glowlm_x86")
 
 
 def load_quant_ops(isa: str) -> bool:
@@ -288,18 +144,4 @@ def quantization_configs() -> list[type[QuantizationConfig]]:
 
 def register_fakes() -> None:
     """Shape-only implementations so ``torch.compile`` can trace the quantized ops."""
-    if _state.get("fakes"):
-        return
-    _state["fakes"] = True
-    reg = torch.library.register_fake
-
-    @reg("glowlm_x86::wna16_linear")
-    def _(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zs: torch.Tensor,
-          bits: int, group_size: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-        return x.new_empty((x.shape[0], n))
-
-    @reg("glowlm_x86::w8a8_linear")
-    def _(x: torch.Tensor, weight: torch.Tensor, wscale: torch.Tensor, wsum: torch.Tensor,
-          input_scale: float, input_zp: int, n: int, bias: torch.Tensor | None
-          ) -> torch.Tensor:
-        return x.new_empty((x.shape[0], n))
+    _register_fakes("glowlm_x86")

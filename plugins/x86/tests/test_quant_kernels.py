@@ -73,7 +73,7 @@ def test_weight_only_compact_scales(kernels, bits: int, dtype: torch.dtype, symm
                                     half: bool) -> None:
     """Symmetric weights carry no zero * scale tensor, fp16-exact scales are stored as fp16
     (the bytes decode streams), and both give the reference's result."""
-    from glowlm_x86.quant import pack_weight_only
+    from glowlm_kernels.quant import pack_weight_only
 
     g = torch.Generator().manual_seed(bits * 10 + symmetric)
     n, k, group = 40, 128, 32

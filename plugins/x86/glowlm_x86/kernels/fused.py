@@ -139,7 +139,7 @@ def _quant_parts(layers: Sequence[RmsDecoderWeights]
     """``rms_decoder_stack_q``'s ``quant`` and ``info`` lists (three tensors and three
     ints per projection, see fused_layer.cpp); None if a layer has a projection this op
     cannot run (act-order columns, another plugin's form)."""
-    from glowlm_x86.quant import PackedW8A8, PackedWeightOnly
+    from glowlm_kernels.quant import PackedW8A8, PackedWeightOnly
 
     quant: list[torch.Tensor | None] = []
     info: list[int] = []
