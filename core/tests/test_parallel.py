@@ -11,87 +11,57 @@ one OpenMP thread per rank).
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
 from glowlm import LLM, SamplingParams
 from glowlm.errors import ConfigError
-
-ENGINE = dict(block_size=32, max_num_batched_tokens=48, max_num_seqs=4, num_kv_blocks=8,
-              kv_cache_space_gib=0.02, show_progress=False)
-
-
-def _prompts() -> list[list[int]]:
-    rng = random.Random(1)
-    shared = [rng.randrange(3, 384) for _ in range(64)]
-    prompts = [shared + [rng.randrange(3, 384) for _ in range(rng.randrange(3, 12))]
-               for _ in range(4)]
-    return prompts + [[rng.randrange(3, 384) for _ in range(rng.randrange(60, 90))]
-                      for _ in range(3)]
-
-
-def _tokens(model: str, **kwargs: object) -> list[list[int]]:
-    llm = LLM(model, **ENGINE, **kwargs)
-    try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()],
-                            SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
-                            use_tqdm=False)
-        preempted = getattr(llm.engine.scheduler, "num_preemptions", None)
-        if preempted is not None:
-            assert preempted > 0, "the workload should preempt"
-        return [o.outputs[0].token_ids for o in outs]
-    finally:
-        llm.engine.shutdown()
+from glowlm.testing.parallel import (
+    ENGINE,
+    greedy_tokens,
+    rank_env,
+    reference_tokens,
+    workload_prompts,
+)
 
 
 @pytest.fixture(autouse=True)
 def _one_thread_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GLOWLM_PLATFORM", os.environ.get("GLOWLM_TEST_PLATFORM", "generic"))
-    monkeypatch.setenv("GLOWLM_CPU_OMP_THREADS_BIND", "nobind")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
-_REFERENCE: dict[str, list[list[int]]] = {}
-
-
-def reference(tiny_model_dir, arch: str) -> list[list[int]]:  # noqa: ANN001
-    if arch not in _REFERENCE:
-        _REFERENCE[arch] = _tokens(str(tiny_model_dir(arch)))
-    return _REFERENCE[arch]
+    for k, v in rank_env().items():
+        monkeypatch.setenv(k, v)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_tp2_matches_tp1(tiny_model_dir, arch: str) -> None:  # noqa: ANN001
     """llama: GQA (4 heads, 2 KV heads), untied head; gpt2: fused c_attn, biases, tied."""
-    assert _tokens(str(tiny_model_dir(arch)), tensor_parallel_size=2) == \
-        reference(tiny_model_dir, arch)
+    assert greedy_tokens(str(tiny_model_dir(arch)), tensor_parallel_size=2) == \
+        reference_tokens(tiny_model_dir(arch))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "opt", "mistral"])
 def test_tp2_matches_tp1_more_architectures(tiny_model_dir, arch: str) -> None:  # noqa: ANN001
-    assert _tokens(str(tiny_model_dir(arch)), tensor_parallel_size=2) == \
-        reference(tiny_model_dir, arch)
+    assert greedy_tokens(str(tiny_model_dir(arch)), tensor_parallel_size=2) == \
+        reference_tokens(tiny_model_dir(arch))
 
 
 @pytest.mark.parametrize("arch", ["gpt2"])
 def test_pp2_matches_tp1(tiny_model_dir, arch: str) -> None:  # noqa: ANN001
     """Two pipeline stages, one layer each: hidden states go rank to rank every step."""
-    assert _tokens(str(tiny_model_dir(arch)), pipeline_parallel_size=2) == \
-        reference(tiny_model_dir, arch)
+    assert greedy_tokens(str(tiny_model_dir(arch)), pipeline_parallel_size=2) == \
+        reference_tokens(tiny_model_dir(arch))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "opt", "qwen2"])
 def test_pp2_matches_tp1_more_architectures(tiny_model_dir, arch: str) -> None:  # noqa: ANN001
-    assert _tokens(str(tiny_model_dir(arch)), pipeline_parallel_size=2) == \
-        reference(tiny_model_dir, arch)
+    assert greedy_tokens(str(tiny_model_dir(arch)), pipeline_parallel_size=2) == \
+        reference_tokens(tiny_model_dir(arch))
 
 
 def test_tp2_pp2_matches_tp1(tiny_model_dir) -> None:  # noqa: ANN001
     """Four ranks on this machine's CPUs (oversubscribed): two stages of two TP ranks."""
-    assert _tokens(str(tiny_model_dir("llama")), tensor_parallel_size=2,
-                   pipeline_parallel_size=2) == reference(tiny_model_dir, "llama")
+    assert greedy_tokens(str(tiny_model_dir("llama")), tensor_parallel_size=2,
+                         pipeline_parallel_size=2) == reference_tokens(tiny_model_dir("llama"))
 
 
 def test_tp2_on_the_native_platform(tiny_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
@@ -99,14 +69,14 @@ def test_tp2_on_the_native_platform(tiny_model_dir, monkeypatch: pytest.MonkeyPa
     TP = 1): same greedy tokens."""
     monkeypatch.delenv("GLOWLM_PLATFORM")
     model = str(tiny_model_dir("llama"))
-    assert _tokens(model, tensor_parallel_size=2) == _tokens(model)
+    assert greedy_tokens(model, tensor_parallel_size=2) == greedy_tokens(model)
 
 
 @pytest.mark.slow
 def test_tp4_replicates_kv_heads(tiny_model_dir) -> None:  # noqa: ANN001
     """TP 4 > 2 KV heads: each KV head lives on two ranks."""
-    assert _tokens(str(tiny_model_dir("llama")), tensor_parallel_size=4) == \
-        reference(tiny_model_dir, "llama")
+    assert greedy_tokens(str(tiny_model_dir("llama")), tensor_parallel_size=4) == \
+        reference_tokens(tiny_model_dir("llama"))
 
 
 def test_tp_that_does_not_divide_heads_is_refused(tiny_model_dir) -> None:  # noqa: ANN001
@@ -132,7 +102,7 @@ def test_a_killed_rank_ends_the_group_with_one_line(tiny_model_dir) -> None:  # 
         os.kill(proc.pid, signal.SIGKILL)
         with pytest.raises(RankFailure, match=rf"rank 1 \(pid {proc.pid}\) was killed by "
                                               r"SIGKILL; stopped all 2 ranks"):
-            llm.generate([{"prompt_token_ids": p} for p in _prompts()],
+            llm.generate([{"prompt_token_ids": p} for p in workload_prompts()],
                          SamplingParams(max_tokens=150, ignore_eos=True), use_tqdm=False)
         assert not any(p.is_alive() for p in llm.engine.executor.procs)
     finally:

@@ -11,7 +11,6 @@ that dies ends the group with one line and leaves no rank process behind.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -21,43 +20,16 @@ from pathlib import Path
 import pytest
 from glowlm import LLM, SamplingParams
 from glowlm.errors import ConfigError, GlowlmError
+from glowlm.testing.parallel import (
+    ENGINE,
+    greedy_tokens,
+    rank_env,
+    reference_tokens,
+    workload_prompts,
+)
 from glowlm.testing.server import free_port, start_server, stop_server
 
-# The workload of test_parallel.py (its module is not importable under importlib mode).
-ENGINE = dict(block_size=32, max_num_batched_tokens=48, max_num_seqs=4, num_kv_blocks=8,
-              kv_cache_space_gib=0.02, show_progress=False)
-ENV = {"GLOWLM_PLATFORM": "generic", "GLOWLM_CPU_OMP_THREADS_BIND": "nobind",
-       "OMP_NUM_THREADS": "1", "GLOWLM_CPU_KVCACHE_SPACE": "0.02"}
-
-
-def _prompts() -> list[list[int]]:
-    rng = random.Random(1)
-    shared = [rng.randrange(3, 384) for _ in range(64)]
-    prompts = [shared + [rng.randrange(3, 384) for _ in range(rng.randrange(3, 12))]
-               for _ in range(4)]
-    return prompts + [[rng.randrange(3, 384) for _ in range(rng.randrange(60, 90))]
-                      for _ in range(3)]
-
-
-def _tokens(model: str, **kwargs: object) -> list[list[int]]:
-    llm = LLM(model, **ENGINE, **kwargs)
-    try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()],
-                            SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
-                            use_tqdm=False)
-        assert llm.engine.scheduler.num_preemptions > 0, "the workload should preempt"
-        return [o.outputs[0].token_ids for o in outs]
-    finally:
-        llm.engine.shutdown()
-
-
-_REFERENCE: dict[str, list[list[int]]] = {}
-
-
-def reference(tiny_model_dir, arch: str) -> list[list[int]]:  # noqa: ANN001
-    if arch not in _REFERENCE:
-        _REFERENCE[arch] = _tokens(str(tiny_model_dir(arch)))
-    return _REFERENCE[arch]
+ENV = {**rank_env("generic"), "GLOWLM_CPU_KVCACHE_SPACE": "0.02"}
 
 
 def _children(pid: int) -> list[int]:
@@ -124,7 +96,7 @@ def test_tp2_across_two_hosts_matches_tp1(tiny_model_dir, tmp_path: Path) -> Non
     port = free_port()
     node = start_node(model, port, tmp_path / "node1.log", "-tp", "2")
     try:
-        assert _tokens(model, **_hosts(port)) == reference(tiny_model_dir, "llama")
+        assert greedy_tokens(model, **_hosts(port)) == reference_tokens(tiny_model_dir("llama"))
         assert _wait_exit(node) == 0, (tmp_path / "node1.log").read_text()[-3000:]
     finally:
         if node.poll() is None:
@@ -141,7 +113,8 @@ def test_tp2_pp2_across_two_hosts_matches_tp1(tiny_model_dir, tmp_path: Path) ->
     port = free_port()
     node = start_node(model, port, tmp_path / "node1.log", "-tp", "2", "-pp", "2")
     try:
-        assert _tokens(model, **_hosts(port, 2, 2)) == reference(tiny_model_dir, "llama")
+        assert (greedy_tokens(model, **_hosts(port, 2, 2))
+                == reference_tokens(tiny_model_dir("llama")))
         assert _wait_exit(node) == 0
     finally:
         if node.poll() is None:
@@ -154,7 +127,8 @@ def test_pp2_across_two_hosts_matches_tp1(tiny_model_dir, tmp_path: Path) -> Non
     port = free_port()
     node = start_node(model, port, tmp_path / "node1.log", "-pp", "2")
     try:
-        assert _tokens(model, **_hosts(port, 1, 2)) == reference(tiny_model_dir, "gpt2")
+        assert (greedy_tokens(model, **_hosts(port, 1, 2))
+                == reference_tokens(tiny_model_dir("gpt2")))
         assert _wait_exit(node) == 0
     finally:
         if node.poll() is None:
@@ -221,7 +195,7 @@ def test_a_killed_host_ends_the_group_with_one_line(tiny_model_dir, tmp_path: Pa
         node.send_signal(signal.SIGKILL)
         with pytest.raises(RankFailure, match=rf"node 1 \(\S+, pid {node.pid}\) went away: "
                                               r"its connection closed; stopped all 2 ranks"):
-            llm.generate([{"prompt_token_ids": p} for p in _prompts()],
+            llm.generate([{"prompt_token_ids": p} for p in workload_prompts()],
                          SamplingParams(max_tokens=150, ignore_eos=True), use_tqdm=False)
         assert _gone(node_ranks)
     finally:
