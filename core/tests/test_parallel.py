@@ -17,7 +17,9 @@ from glowlm import LLM, SamplingParams
 from glowlm.errors import ConfigError
 from glowlm.testing.parallel import (
     ENGINE,
+    child_pids,
     greedy_tokens,
+    pid_alive,
     rank_env,
     reference_tokens,
     workload_prompts,
@@ -135,7 +137,7 @@ def test_sigterm_stops_every_rank(tiny_model_dir, tmp_path) -> None:  # noqa: AN
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
-            children = _children(proc.pid)
+            children = child_pids(proc.pid)
             line = proc.stderr.readline() if proc.stderr else ""
             if children and "KV cache" in line and "rank" not in line:
                 break  # the driver finished start-up: generating
@@ -143,9 +145,9 @@ def test_sigterm_stops_every_rank(tiny_model_dir, tmp_path) -> None:  # noqa: AN
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(c) for c in children):
+        while time.monotonic() < deadline and any(pid_alive(c) for c in children):
             time.sleep(0.1)
-        assert not any(_alive(c) for c in children)
+        assert not any(pid_alive(c) for c in children)
         import glob
 
         assert not glob.glob(f"/dev/shm/glowlm-{proc.pid}-*")  # segments unlinked early
@@ -154,20 +156,3 @@ def test_sigterm_stops_every_rank(tiny_model_dir, tmp_path) -> None:  # noqa: AN
             proc.kill()
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False

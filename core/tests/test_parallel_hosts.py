@@ -22,7 +22,9 @@ from glowlm import LLM, SamplingParams
 from glowlm.errors import ConfigError, GlowlmError
 from glowlm.testing.parallel import (
     ENGINE,
+    child_pids,
     greedy_tokens,
+    pid_alive,
     rank_env,
     reference_tokens,
     workload_prompts,
@@ -30,25 +32,6 @@ from glowlm.testing.parallel import (
 from glowlm.testing.server import free_port, start_server, stop_server
 
 ENV = {**rank_env("generic"), "GLOWLM_CPU_KVCACHE_SPACE": "0.02"}
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(autouse=True)
@@ -84,9 +67,9 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
 
 def _gone(pids: list[int], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.1)
-    return not any(_alive(p) for p in pids)
+    return not any(pid_alive(p) for p in pids)
 
 
 def test_tp2_across_two_hosts_matches_tp1(tiny_model_dir, tmp_path: Path) -> None:  # noqa: ANN001
@@ -154,7 +137,7 @@ def test_openai_server_on_two_hosts(tiny_model_dir, tmp_path: Path) -> None:  # 
                           "--master-addr", "127.0.0.1", "--master-port", str(port),
                           "--block-size", "32", env=ENV, timeout=300)
     try:
-        node_ranks = _children(node.pid)
+        node_ranks = child_pids(node.pid)
         assert node_ranks, (tmp_path / "node1.log").read_text()[-3000:]
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
         name = client.models.list().data[0].id
@@ -190,7 +173,7 @@ def test_a_killed_host_ends_the_group_with_one_line(tiny_model_dir, tmp_path: Pa
     node = start_node(model, port, tmp_path / "node1.log", "-tp", "2")
     llm = LLM(model, **ENGINE, **_hosts(port))
     try:
-        node_ranks = _children(node.pid)
+        node_ranks = child_pids(node.pid)
         assert node_ranks
         node.send_signal(signal.SIGKILL)
         with pytest.raises(RankFailure, match=rf"node 1 \(\S+, pid {node.pid}\) went away: "
@@ -224,7 +207,7 @@ def test_a_killed_driver_stops_the_other_host(tiny_model_dir, tmp_path: Path) ->
         while time.monotonic() < deadline and "relaying steps" not in log.read_text():
             assert node.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
-        node_ranks = _children(node.pid)
+        node_ranks = child_pids(node.pid)
         assert node_ranks
         time.sleep(0.5)  # generating
         driver.send_signal(signal.SIGKILL)

@@ -7,26 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from glowlm.testing.parallel import child_pids, pid_alive
 from glowlm.testing.server import start_server, stop_server
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +31,7 @@ def test_openai_server_with_tp2(tiny_model_dir, tmp_path: Path) -> None:  # noqa
     server = start_server(model, tmp_path / "serve.log", "-tp", "2", "--block-size", "32",
                           env={"GLOWLM_PLATFORM": "generic"}, timeout=300)
     try:
-        ranks = _children(server.proc.pid)
+        ranks = child_pids(server.proc.pid)
         assert ranks, server.log_tail()
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x")
         name = client.models.list().data[0].id
@@ -62,14 +44,14 @@ def test_openai_server_with_tp2(tiny_model_dir, tmp_path: Path) -> None:  # noqa
     finally:
         stop_server(server)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in ranks):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in ranks):
         time.sleep(0.1)
-    assert not any(_alive(p) for p in ranks)
+    assert not any(pid_alive(p) for p in ranks)
 
 
 def _replicas(pid: int) -> list[int]:
     out = []
-    for c in _children(pid):
+    for c in child_pids(pid):
         try:
             with open(f"/proc/{c}/cmdline", "rb") as f:
                 cmd = f.read()

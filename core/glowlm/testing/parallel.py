@@ -64,3 +64,24 @@ def reference_tokens(model: str | Path) -> list[list[int]]:
     if key not in _REFERENCE:
         _REFERENCE[key] = greedy_tokens(model)
     return _REFERENCE[key]
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process ``pid`` (Linux /proc): a group's rank processes."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, already ended, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
