@@ -41,11 +41,18 @@ void rotate_head(const T* x, T* out, const float* cos, const float* sin, int64_t
 
 // x: [tokens, heads, head_size] with strides (st, sh, 1); out: contiguous, same shape.
 // pos[t] must index the cache (the caller checks).
+// Threads only from kRotaryGrain heads on: one head is ~20 ns of work, and a parallel
+// region costs microseconds (much more when the other thread was descheduled). A decode
+// step's 32-40 heads per layer ran in a two-thread region before: ~7 % of a W4A16
+// llama-1b layer's time in a py-spy profile on a busy 2-vCPU host, nearly all of it in
+// libgomp's fork/join.
+constexpr int64_t kRotaryGrain = 256;
+
 template <typename T>
 void rotary_embedding(const int64_t* pos, const T* x, int64_t tokens, int64_t heads,
                       int64_t head_size, int64_t st, int64_t sh, T* out, const float* cache,
                       int64_t rot, bool is_neox) {
-  parallel_for(0, tokens * heads, 16, [&](int64_t b, int64_t e) {
+  parallel_for(0, tokens * heads, kRotaryGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t t = i / heads, h = i % heads;
       const float* cos = cache + pos[t] * rot;
