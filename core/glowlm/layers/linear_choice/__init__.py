@@ -1,0 +1,269 @@
+"""Which implementation runs each linear shape, chosen by measurement when a model loads.
+
+No single matmul wins everywhere: on one AVX-512 host glowlm's weight-streaming GEMV
+wins fp32 decode while oneDNN (``F.linear``) or zentorch, with the CPU's native bf16
+dot products, win bf16 prefill by 2-4x (docs/performance.md). So after loading, every
+linear *shape* — ``(kind, method, N, K, dtype, bias)`` — is timed on every
+:class:`LinearCandidate` offered for it, at one row count per :class:`TokenClass` the
+engine runs (decode, batched decode, prefill chunks), and each layer then dispatches
+on the row count of each call to that class's winner (:class:`ChosenLinearMethod`).
+
+Where candidates come from, in this order (the first is the *incumbent*: the
+reference for the output check, and kept unless another is faster by more than
+:data:`MARGIN`):
+
+1. the layer's :class:`~glowlm.layers.linear.LinearMethod`:
+   ``method.linear_candidates(layer)`` (x86: glowlm's kernels, then torch; Zen:
+   zentorch, glowlm's, torch; a quantized method: its own kernels);
+2. the platform: ``Platform.linear_candidates(layer)`` — how a plugin (including a
+   third-party platform subclassing another) adds one without touching the method.
+
+A candidate that raises, or whose output differs from the incumbent's, is skipped
+with one warning. A shape with a single candidate is not measured.
+
+**Cost** is bounded: decode times a pass over up to 8 layers of the shape (so weights
+stream from memory as in the model, not from cache), batch 2, prefill one
+(``TokenClass.pass_layers``); one warm-up, then at most
+:data:`REPEATS` timed passes (the best counts), fewer once a candidate's best of two
+is 50 % behind the best so far or :data:`MEASURE_SECONDS` are spent. The LM head runs
+on the sampled rows only (one per sequence), so it is measured for decode and batch;
+prefill takes batch's winner. Past :data:`MAX_SECONDS` in all (a busy machine) the
+remaining shapes keep their default, uncached, with one warning.
+
+**Cache.** The result is kept in ``GLOWLM_LINEAR_CHOICE_CACHE`` (default
+``~/.cache/glowlm/linear_choice``) in one JSON file per host key: CPU model, a hash
+of every CPU flag, the thread count, glowlm's version and each candidate's name and
+version (glowlm's kernel module name holds the hash of its C++ sources), so a
+different host, thread count or kernel build measures again and the same one starts
+for free. ``glowlm collect-env`` prints the cached choices of this CPU.
+
+**Pinning.** ``GLOWLM_LINEAR_IMPL=<name>`` uses that candidate wherever it is
+offered (no measurement); ``GLOWLM_LINEAR_IMPL=default`` turns the mechanism off
+(each layer runs its method's own ``apply``, as before).
+
+**Fused ops.** The x86 fused decoder layer and stack ops run glowlm's GEMV/GEMM
+inside C++; they cannot call another implementation per linear. A candidate with
+``fused=True`` is the kernel those ops run; a fused op (``FusedLayer``/``FusedStack``
+on the model) is kept for the token classes where *every* linear it covers chose a
+``fused`` candidate and declines (returns ``None``, so the modules run with the
+chosen implementations) for the others — for example, on a host where oneDNN wins
+bf16 prefill, prefill runs layer by layer and decode still runs the whole stack.
+
+The parts: :mod:`.candidates` (what is chosen between, and the per-row dispatch),
+:mod:`.sites` (where a choice is installed), :mod:`.measure` (the timing),
+:mod:`.cache` (the on-disk cache and its host key); this module is the policy
+(pinned, cached or measured, within :data:`MAX_SECONDS`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from glowlm.layers.linear_choice.cache import (
+    SCHEMA,
+    cache_file,
+    cached_choices,
+    host_key,
+    read_cache,
+    write_cache,
+)
+from glowlm.layers.linear_choice.candidates import (
+    TOKEN_CLASSES,
+    TORCH_LINEAR,
+    ChosenLinearMethod,
+    LinearCandidate,
+    TokenClass,
+    token_class,
+)
+from glowlm.layers.linear_choice.measure import (
+    MARGIN,
+    MAX_REL_ERROR,
+    MEASURE_SECONDS,
+    REPEATS,
+    Measurement,
+    measure,
+)
+from glowlm.layers.linear_choice.sites import _gate_fused, _groups, _impls, _install, find_sites
+from glowlm.logger import init_logger
+
+if TYPE_CHECKING:
+    from glowlm.layers.linear import LinearMethod
+    from glowlm.platforms.host import HostInfo
+    from glowlm.platforms.interface import Platform
+
+__all__ = ["LAST_PLAN", "MARGIN", "MAX_REL_ERROR", "MAX_SECONDS", "MEASURE_SECONDS",
+           "REPEATS", "SCHEMA", "TOKEN_CLASSES", "TORCH_LINEAR", "ChosenLinearMethod",
+           "LinearCandidate", "LinearPlan", "Measurement", "TokenClass", "cache_file",
+           "cached_choices", "choose_for_model", "find_sites", "host_key", "measure",
+           "token_class"]
+
+logger = init_logger(__name__)
+
+#: All measuring of one start stops after this many seconds (a busy machine): the rest
+#: keeps the incumbent, is not cached, and is measured at the next start.
+MAX_SECONDS = 10.0
+
+
+@dataclass
+class LinearPlan:
+    """What :func:`choose_for_model` decided, for the start-up line and collect-env."""
+
+    mode: str                                   # measured, cached, pinned, default, none
+    seconds: float = 0.0
+    cache_path: str | None = None
+    #: shape key -> class name -> measurement
+    shapes: dict[str, dict[str, Measurement]] = field(default_factory=dict)
+    #: shape key -> number of layers with it
+    counts: dict[str, int] = field(default_factory=dict)
+    fused_classes: dict[str, list[str]] = field(default_factory=dict)  # op -> classes kept
+
+    def winners(self) -> dict[str, dict[str, int]]:
+        """class -> candidate -> number of layers using it."""
+        out: dict[str, dict[str, int]] = {}
+        for key, classes in self.shapes.items():
+            for cls, m in classes.items():
+                per = out.setdefault(cls, {})
+                per[m.winner] = per.get(m.winner, 0) + self.counts.get(key, 1)
+        return out
+
+    def describe(self) -> str:
+        if self.mode == "default":
+            return "linear choice off (GLOWLM_LINEAR_IMPL=default): each layer's method"
+        if not self.shapes:
+            return "linear choice: one implementation per layer, nothing to measure"
+        how = {"measured": f"measured in {self.seconds:.1f} s, cached in {self.cache_path}",
+               "cached": f"from {self.cache_path}",
+               "pinned": "pinned by GLOWLM_LINEAR_IMPL"}.get(self.mode, self.mode)
+        parts = []
+        for cls in (c.name for c in TOKEN_CLASSES):
+            per = self.winners().get(cls, {})
+            if per:
+                parts.append(f"{cls} " + ", ".join(f"{n} {k}" for n, k in
+                                                    sorted(per.items(), key=lambda i: -i[1])))
+        fused = "; ".join(f"{op}: {', '.join(c) or 'off'}"
+                          for op, c in sorted(self.fused_classes.items()))
+        return (f"linear choice ({how}): layers per implementation: " + "; ".join(parts)
+                + (f"; fused ops kept for {fused}" if fused else ""))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "seconds": self.seconds, "cache": self.cache_path,
+                "fused_classes": self.fused_classes,
+                "shapes": {k: {c: {"winner": m.winner, "us": m.us} for c, m in v.items()}
+                           for k, v in self.shapes.items()}}
+
+
+#: The last plan of this process (``glowlm collect-env`` in a process that loaded one).
+LAST_PLAN: LinearPlan | None = None
+
+
+def choose_for_model(model: nn.Module, dtype: torch.dtype, unquantized: LinearMethod | None,
+                     platform: Platform | None = None, show_progress: bool = True,
+                     environ: dict[str, str] | None = None, host: HostInfo | None = None
+                     ) -> LinearPlan:
+    """Measure (or read from the cache, or pin) and install the choice on ``model``.
+
+    Runs once per engine after the weights are loaded (and moved into huge pages),
+    in the thread that runs the model, with its thread count set.
+    """
+    global LAST_PLAN
+    from glowlm import envs
+    from glowlm.platforms import host as host_mod
+
+    env = envs.parse(os.environ if environ is None else environ)
+    pin = env.linear_impl
+    if pin == "default":
+        LAST_PLAN = LinearPlan("default")
+        return LAST_PLAN
+    sites = find_sites(model, unquantized, platform)
+    groups = _groups(sites)
+    plan = LinearPlan("pinned" if pin else "measured")
+    choices: dict[str, dict[str, str]] = {}
+    if pin:
+        if not any(pin in {c.name for c in s.candidates} for s in sites):
+            offered = sorted({c.name for s in sites for c in s.candidates})
+            logger.warning("GLOWLM_LINEAR_IMPL=%s is offered by no layer here (offered: %s); "
+                           "each layer keeps its method's default", pin, ", ".join(offered))
+        for key, members in groups.items():
+            names = {c.name for c in members[0].candidates}
+            winner = pin if pin in names else members[0].candidates[0].name
+            plan.shapes[key] = {c.name: Measurement(winner, {}) for c in TOKEN_CLASSES}
+            choices[key] = {c.name: winner for c in TOKEN_CLASSES}
+    elif groups:
+        host = host or host_mod.live()
+        key = host_key(host, torch.get_num_threads())
+        cands = {c.name: c for members in groups.values() for c in members[0].candidates}
+        path = cache_file(env.linear_choice_cache, key, cands.values())
+        plan.cache_path = str(path)
+        data = read_cache(path)
+        stored: dict[str, Any] = data.get("choices", {})
+        todo = [k for k in groups if k not in stored]
+        if not todo:
+            plan.mode = "cached"
+        start = time.perf_counter()
+        steps = sum(len(groups[k][0].classes) * len(groups[k][0].candidates) for k in todo)
+        bar = None
+        if todo and show_progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=steps, desc="Choosing linear kernels", unit="run",
+                       file=sys.stderr, leave=False)
+        warned: set[str] = set()
+        unmeasured: dict[str, Any] = {}
+        for k in todo:
+            members = groups[k]
+            site = members[0]
+            entry: dict[str, Any] = {}
+            for cls in site.classes:
+                if time.perf_counter() - start >= MAX_SECONDS:
+                    entry[cls.name] = {"winner": site.candidates[0].name, "us": {}}
+                    continue
+                layers = [m.module for m in members[:cls.pass_layers]]
+                m = measure(site.candidates, layers, site.in_features, dtype, cls.rows,
+                            warned, label=f"{k.split(':')[2]} {cls.name}",
+                            clock=time.perf_counter)
+                entry[cls.name] = {"winner": m.winner, "us": m.us}
+                if bar is not None:
+                    bar.update(len(site.candidates))
+            if any(not v["us"] for v in entry.values()):
+                unmeasured[k] = entry
+            else:
+                stored[k] = entry
+        if bar is not None:
+            bar.close()
+        plan.seconds = time.perf_counter() - start
+        if unmeasured:
+            logger.warning("linear choice: measuring stopped after %.0f s (a busy machine?); "
+                           "%d of %d shapes keep their default and are measured at the next "
+                           "start", MAX_SECONDS, len(unmeasured), len(groups))
+        if len(unmeasured) < len(todo):
+            write_cache(path, {"schema": SCHEMA, "host": key,
+                                "candidates": {n: c.version for n, c in cands.items()},
+                                "choices": stored})
+        for k in groups:
+            entry = stored[k] if k in stored else unmeasured[k]
+            classes = {c: Measurement(v["winner"], v.get("us", {})) for c, v in entry.items()}
+            for cls in TOKEN_CLASSES:  # a class not measured (LM head prefill): the previous
+                if cls.name not in classes:
+                    prev = TOKEN_CLASSES[TOKEN_CLASSES.index(cls) - 1].name
+                    classes[cls.name] = classes[prev]
+            plan.shapes[k] = classes
+            choices[k] = {c: m.winner for c, m in classes.items()}
+    shared: dict[str, ChosenLinearMethod] = {}
+    chosen: dict[int, list[tuple[int | None, LinearCandidate]]] = {}
+    for k, members in groups.items():
+        plan.counts[k] = len(members)
+        for site in members:
+            impls = _impls(site, choices[k])
+            _install(site, impls, shared)
+            if site.kind == "linear":
+                chosen[id(site.module)] = impls
+    plan.fused_classes = _gate_fused(model, chosen) if groups else {}
+    LAST_PLAN = plan
+    return plan
