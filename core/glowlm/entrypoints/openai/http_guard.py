@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from glowlm.entrypoints.openai.protocol import error_body
+from glowlm.entrypoints.openai.errors import error_body
 from glowlm.logger import init_logger
 
 logger = init_logger(__name__)

@@ -21,12 +21,11 @@ from pydantic import BaseModel
 from glowlm.entrypoints.openai.http_guard import OPEN_PATHS
 from glowlm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
-    CompletionResponse,
     DetokenizeRequest,
     TokenizeRequest,
 )
+from glowlm.entrypoints.openai.responses import ChatCompletionResponse, CompletionResponse
 
 _REF = "#/components/schemas/{model}"
 

@@ -8,15 +8,13 @@ What cannot be served (a malformed value, an invalid schema, ``suffix``...) is
 a 400 naming the field. Numeric ranges are checked once, by
 :class:`~glowlm.sampling.params.SamplingParams`, not repeated here.
 
-Responses that are sent whole are models too; stream chunks are plain dicts
-built in the serving modules, because they are small, many, and their exact
-shape (which keys are present) matters to clients.
+The errors' shape is :mod:`~glowlm.entrypoints.openai.errors`'s; the responses
+sent whole are :mod:`~glowlm.entrypoints.openai.responses`'s.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -28,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from glowlm.entrypoints.openai.errors import APIError, validation_to_api_error
 from glowlm.errors import RequestError
 from glowlm.logger import init_logger
 from glowlm.sampling.params import SamplingParams, StructuredOutputsParams
@@ -36,55 +35,6 @@ logger = init_logger(__name__)
 
 #: JSON ints beyond this would overflow the int64 tensors the sampler builds.
 _INT_LIMIT = 2**62
-
-
-class APIError(Exception):
-    """An error returned to the client in OpenAI's shape, with its HTTP status."""
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 code: str | None = None, type: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
-        self.type = type or _TYPE_BY_STATUS.get(status, "invalid_request_error")
-        self.headers = headers
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-_TYPE_BY_STATUS = {401: "authentication_error", 404: "invalid_request_error",
-                   500: "server_error", 503: "service_unavailable"}
-
-
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def validation_to_api_error(exc: ValidationError) -> APIError:
-    """The first pydantic error as one readable 400 naming the field."""
-    err = exc.errors(include_url=False)[0]
-    where = _loc(tuple(err["loc"]))
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    if err["type"] == "json_invalid":
-        return APIError(f"the request body is not valid JSON: {msg}", code="invalid_json")
-    if err["type"] == "extra_forbidden":
-        return APIError(f"unrecognized request argument: {where}", param=where,
-                        code="unknown_field")
-    if not where:
-        return APIError(f"the request body must be a JSON object: {msg}", code="invalid_body")
-    return APIError(f"{where}: {msg}", param=str(err["loc"][0]), code="invalid_value")
 
 
 def _ignored_fields(obj: BaseModel, where: str = "") -> list[str]:
@@ -110,15 +60,6 @@ def parse_request(model: type[BaseModel], body: bytes) -> Any:
         logger.warning("The following fields were present in the request but ignored: %s",
                        ", ".join(sorted(ignored)))
     return req
-
-
-_FIELD = re.compile(r"^([a-z_]+)")
-
-
-def param_of(message: str, known: set[str]) -> str | None:
-    """The field a SamplingParams/engine message starts with, if it is a request field."""
-    m = _FIELD.match(message)
-    return m.group(1) if m and m.group(1) in known else None
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -426,109 +367,3 @@ class TokenizeRequest(OpenAIModel):
 class DetokenizeRequest(OpenAIModel):
     model: str | None = None
     tokens: list[int]
-
-
-# -- responses -----------------------------------------------------------------------------
-
-
-class UsageInfo(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class CompletionLogProbs(BaseModel):
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    #: vLLM's: per prompt token, {token id: {logprob, rank, decoded_token}}; first None.
-    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo
-
-
-class ChatLogProb(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatLogProbsContent(ChatLogProb):
-    top_logprobs: list[ChatLogProb] = Field(default_factory=list)
-
-
-class ChatChoiceLogProbs(BaseModel):
-    content: list[ChatLogProbsContent] | None = None
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatResponseMessage(BaseModel):
-    role: str = "assistant"
-    content: str | None = None
-    tool_calls: list[ToolCall] = Field(default_factory=list)
-
-
-class ChatCompletionChoice(BaseModel):
-    index: int
-    message: ChatResponseMessage
-    logprobs: ChatChoiceLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: UsageInfo
-    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
-
-
-def prompt_logprobs_json(entries: list[Any] | None, texts: dict[int, str]
-                         ) -> list[dict[str, dict[str, Any]] | None] | None:
-    """vLLM's ``prompt_logprobs``: per prompt position ``{token id: {logprob, rank,
-    decoded_token}}`` (the first position ``None``); ``texts`` decodes token ids."""
-    if entries is None:
-        return None
-    out: list[dict[str, dict[str, Any]] | None] = []
-    for entry in entries:
-        if entry is None:
-            out.append(None)
-            continue
-        out.append({str(tid): {"logprob": max(lp.logprob, -9999.0), "rank": lp.rank,
-                               "decoded_token": texts.get(tid, "")}
-                    for tid, lp in entry.items()})
-    return out
-
-
-def prompt_logprob_ids(entries: list[Any] | None) -> list[int]:
-    """Every token id the prompt logprobs mention (to decode them in one call)."""
-    return sorted({tid for e in entries or [] if e for tid in e})

@@ -39,6 +39,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from glowlm import __version__
 from glowlm.engine.llm_engine import LLMEngine
 from glowlm.entrypoints.openai.engine_loop import AsyncEngine
+from glowlm.entrypoints.openai.errors import APIError, error_body
 from glowlm.entrypoints.openai.http_guard import (
     OPEN_PATHS,
     APIKeyMiddleware,
@@ -49,13 +50,7 @@ from glowlm.entrypoints.openai.http_guard import (
 )
 from glowlm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from glowlm.entrypoints.openai.openapi import install_openapi
-from glowlm.entrypoints.openai.protocol import (
-    APIError,
-    DetokenizeRequest,
-    TokenizeRequest,
-    error_body,
-    parse_request,
-)
+from glowlm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest, parse_request
 from glowlm.entrypoints.openai.serving_chat import OpenAIServingChat
 from glowlm.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from glowlm.logger import init_logger

@@ -1,7 +1,7 @@
 """What completions and chat completions share: checks, sampling parameters, logprobs, SSE.
 
 Every check that can fail for user input runs before anything is queued and
-raises :class:`~glowlm.entrypoints.openai.protocol.APIError` naming the field,
+raises :class:`~glowlm.entrypoints.openai.errors.APIError` naming the field,
 so a bad request is a 4xx and never a half-queued batch. After queueing, the
 request's :class:`~glowlm.entrypoints.openai.engine_loop.RequestGroup` is closed
 in a ``finally`` (or by the response, for streams) so nothing is left running
@@ -29,14 +29,9 @@ from glowlm.entrypoints.openai.engine_loop import (
     RequestGroup,
     RequestsCancelled,
 )
-from glowlm.entrypoints.openai.protocol import (
-    APIError,
-    ChatLogProb,
-    ChatLogProbsContent,
-    CompletionLogProbs,
-    SamplingRequest,
-    param_of,
-)
+from glowlm.entrypoints.openai.errors import APIError, param_of
+from glowlm.entrypoints.openai.protocol import SamplingRequest
+from glowlm.entrypoints.openai.responses import ChatLogProb, ChatLogProbsContent, CompletionLogProbs
 from glowlm.errors import RequestError
 from glowlm.sampling.params import SamplingParams
 

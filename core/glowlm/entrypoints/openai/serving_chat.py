@@ -19,15 +19,14 @@ from glowlm.entrypoints.openai.engine_loop import (
     AsyncEngine,
     RequestGroup,
 )
-from glowlm.entrypoints.openai.protocol import (
-    APIError,
+from glowlm.entrypoints.openai.errors import APIError
+from glowlm.entrypoints.openai.protocol import ChatCompletionRequest, parse_request
+from glowlm.entrypoints.openai.responses import (
     ChatChoiceLogProbs,
     ChatCompletionChoice,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
     UsageInfo,
-    parse_request,
     prompt_logprob_ids,
     prompt_logprobs_json,
 )

@@ -17,14 +17,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from glowlm.engine.outputs import CompletionOutput, RequestOutput
-from glowlm.entrypoints.openai.protocol import (
-    APIError,
+from glowlm.entrypoints.openai.errors import APIError
+from glowlm.entrypoints.openai.protocol import CompletionRequest, parse_request
+from glowlm.entrypoints.openai.responses import (
     CompletionChoice,
     CompletionLogProbs,
-    CompletionRequest,
     CompletionResponse,
     UsageInfo,
-    parse_request,
     prompt_logprob_ids,
     prompt_logprobs_json,
 )

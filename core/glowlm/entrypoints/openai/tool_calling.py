@@ -16,13 +16,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from glowlm.entrypoints.openai.protocol import (
-    APIError,
-    ChatCompletionRequest,
-    FunctionCall,
-    NamedToolChoice,
-    ToolCall,
-)
+from glowlm.entrypoints.openai.errors import APIError
+from glowlm.entrypoints.openai.protocol import ChatCompletionRequest, NamedToolChoice
+from glowlm.entrypoints.openai.responses import FunctionCall, ToolCall
 from glowlm.entrypoints.openai.tool_parsers import StreamingToolState, ToolParser
 from glowlm.entrypoints.openai.tool_parsers.base import ParsedCall, tool_call_id
 from glowlm.sampling.params import StructuredOutputsParams
