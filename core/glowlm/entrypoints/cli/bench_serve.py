@@ -31,28 +31,14 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from glowlm.bench.serve_datasets import Prompt, build_prompts
+from glowlm.bench.serve_results import RequestResult, parse_percentiles, plot, report, summarize
 from glowlm.errors import ConfigError
-
-
-@dataclass
-class RequestResult:
-    prompt_len: int
-    ok: bool = False
-    start: float = 0.0             # seconds since the benchmark started
-    token_times: list[float] = field(default_factory=list)  # token-carrying chunks, same clock
-    output_tokens: int = 0
-    ttft: float = 0.0
-    latency: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    error: str = ""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -117,11 +103,6 @@ def register_serve_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _lengths(mean: int, ratio: float, count: int, rng: random.Random) -> list[int]:
-    lo, hi = max(1, int(mean * (1 - ratio))), max(1, int(mean * (1 + ratio)))
-    return [rng.randint(lo, hi) for _ in range(count)]
-
-
 async def _one(client: Any, url: str, payload: dict[str, Any], result: RequestResult) -> None:
     start = time.perf_counter()
     last = start
@@ -167,92 +148,6 @@ async def _server_info(client: Any, base: str) -> dict[str, Any]:
     if not data:
         raise ConfigError(f"{base}/v1/models lists no model")
     return dict(data[0])
-
-
-@dataclass
-class Prompt:
-    ids: list[int] | None       # token ids (completions); None for text-only prompts
-    text: str | None            # text (chat, ShareGPT)
-    prompt_len: int
-    output_len: int
-
-
-def load_sharegpt(path: str, count: int, rng: random.Random) -> list[tuple[str, str]]:
-    """(first human turn, first reply) pairs from a ShareGPT-format JSON file, shuffled."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"--dataset-path {path}: cannot read it as JSON ({exc})") from None
-    pairs = []
-    for item in data if isinstance(data, list) else []:
-        conv = item.get("conversations") or item.get("conversation") or []
-        if len(conv) >= 2 and isinstance(conv[0], dict) and isinstance(conv[1], dict):
-            human, reply = conv[0].get("value"), conv[1].get("value")
-            if isinstance(human, str) and isinstance(reply, str) and human and reply:
-                pairs.append((human, reply))
-    if not pairs:
-        raise ConfigError(f"--dataset-path {path}: no conversation with two turns (ShareGPT "
-                          "format: [{\"conversations\": [{\"from\": \"human\", \"value\": ...}, "
-                          "{\"from\": \"gpt\", \"value\": ...}]}])")
-    rng.shuffle(pairs)
-    return pairs
-
-
-async def build_prompts(args: argparse.Namespace, client: Any, base: str, vocab: int,
-                        rng: random.Random, chat: bool) -> list[Prompt]:
-    """The dataset's prompts; text is fetched through the server's /tokenize, /detokenize."""
-    n = args.num_prompts + args.num_warmups
-
-    async def tokens(text: str) -> list[int]:
-        r = await client.post(f"{base}/tokenize", json={"prompt": text,
-                                                         "add_special_tokens": False})
-        if r.status_code != 200:
-            raise ConfigError(f"{base}/tokenize answered HTTP {r.status_code}: the sharegpt "
-                              "dataset needs it to count tokens")
-        return list(r.json()["tokens"])
-
-    async def text_of(ids: list[int]) -> str:
-        r = await client.post(f"{base}/detokenize", json={"tokens": ids})
-        if r.status_code != 200:
-            raise ConfigError(f"{base}/detokenize answered HTTP {r.status_code}: chat prompts "
-                              "of token ids need it")
-        return str(r.json()["prompt"])
-
-    out: list[Prompt] = []
-    if args.dataset_name == "sharegpt":
-        if not args.dataset_path:
-            raise ConfigError("--dataset-name sharegpt needs --dataset-path FILE")
-        for human, reply in load_sharegpt(args.dataset_path, n, rng):
-            if len(out) == n:
-                break
-            ids = await tokens(human)
-            out_len = args.sharegpt_output_len or len(await tokens(reply))
-            if len(ids) < 4 or out_len < 4:  # vLLM's filter: too short to time
-                continue
-            out.append(Prompt(None, human, len(ids), out_len))
-        if len(out) < n:
-            raise ConfigError(f"--dataset-path has {len(out)} usable conversations; "
-                              f"{n} needed (--num-prompts + --num-warmups)")
-        return out
-    if args.dataset_name == "prefix-repetition":
-        k = max(1, args.prefix_repetition_num_prefixes)
-        prefixes = [[rng.randrange(3, vocab) for _ in range(args.prefix_repetition_prefix_len)]
-                    for _ in range(k)]
-        for i in range(n):
-            ids = prefixes[i % k] + [rng.randrange(3, vocab)
-                                     for _ in range(args.prefix_repetition_suffix_len)]
-            out.append(Prompt(ids, None, len(ids), args.prefix_repetition_output_len))
-        rng.shuffle(out)
-    else:
-        in_lens = _lengths(args.random_input_len, args.random_range_ratio, n, rng)
-        out_lens = _lengths(args.random_output_len, args.random_range_ratio, n, rng)
-        for a, b in zip(in_lens, out_lens, strict=True):
-            out.append(Prompt([rng.randrange(3, vocab) for _ in range(a)], None, a, b))
-    if chat:
-        for p in out:
-            assert p.ids is not None
-            p.text = await text_of(p.ids)
-    return out
 
 
 async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -319,7 +214,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         duration = time.perf_counter() - start
         if bar is not None:
             bar.close()
-    return summarize(args, model, results, duration)
+    return summarize(args, model, results, duration, endpoint(args))
 
 
 def endpoint(args: argparse.Namespace) -> str:
@@ -334,171 +229,6 @@ def _progress(args: argparse.Namespace, total: int) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, desc="requests", unit="req", file=sys.stderr)
-
-
-METRICS = ("ttft", "tpot", "itl", "e2el")
-
-
-def _stats(name: str, values_s: list[float], percentiles: list[float]) -> dict[str, float]:
-    ms = [v * 1000 for v in values_s] or [0.0]
-    out = {f"mean_{name}_ms": statistics.fmean(ms), f"median_{name}_ms": statistics.median(ms),
-           f"std_{name}_ms": statistics.pstdev(ms)}
-    for q in percentiles:
-        out[f"p{q:g}_{name}_ms"] = percentile(ms, q)
-    return out
-
-
-def parse_percentiles(args: argparse.Namespace) -> tuple[list[str], list[float]]:
-    metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
-    bad = [m for m in metrics if m not in METRICS]
-    if bad:
-        raise ConfigError(f"--percentile-metrics: unknown {', '.join(bad)}; choose from "
-                          f"{', '.join(METRICS)}")
-    try:
-        qs = [float(q) for q in args.metric_percentiles.split(",") if q.strip()]
-    except ValueError:
-        raise ConfigError("--metric-percentiles: a comma list of numbers, e.g. 50,90,99") \
-            from None
-    if any(not 0 < q <= 100 for q in qs):
-        raise ConfigError("--metric-percentiles must be in (0, 100]")
-    return metrics, qs
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks, as numpy.percentile does."""
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
-def summarize(args: argparse.Namespace, model: str, results: list[RequestResult],
-              duration: float) -> dict[str, Any]:
-    ok = [r for r in results if r.ok]
-    metrics, qs = parse_percentiles(args)
-    total_in = sum(r.prompt_len for r in ok)
-    total_out = sum(r.output_tokens for r in ok)
-    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
-    out: dict[str, Any] = {
-        "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "glowlm",
-        "model_id": model, "base_url": args.base_url, "num_prompts": args.num_prompts,
-        "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",
-        "burstiness": 1.0, "endpoint_type": args.backend, "endpoint": endpoint(args),
-        "dataset_name": args.dataset_name,
-        "max_concurrency": args.max_concurrency, "random_input_len": args.random_input_len,
-        "random_output_len": args.random_output_len, "seed": args.seed,
-        "duration": duration, "completed": len(ok), "failed": len(results) - len(ok),
-        "total_input_tokens": total_in, "total_output_tokens": total_out,
-        "request_throughput": len(ok) / duration, "output_throughput": total_out / duration,
-        "total_token_throughput": (total_in + total_out) / duration,
-    }
-    values = {"ttft": [r.ttft for r in ok], "tpot": tpots,
-              "itl": [x for r in ok for x in r.itl], "e2el": [r.latency for r in ok]}
-    for name in metrics:
-        out.update(_stats(name, values[name], qs))
-    out["percentile_metrics"], out["metric_percentiles"] = metrics, qs
-    per_second = _tokens_per_second([t for r in ok for t in r.token_times])
-    out["max_output_tokens_per_s"] = max(per_second, default=0)
-    out["output_tokens_per_second_timeline"] = per_second
-    out.update({"input_lens": [r.prompt_len for r in results],
-                "output_lens": [r.output_tokens for r in results],
-                "ttfts": [r.ttft for r in results], "itls": [r.itl for r in results],
-                "e2els": [r.latency for r in results],
-                "tpots": [(r.latency - r.ttft) / (r.output_tokens - 1)
-                          if r.ok and r.output_tokens > 1 else None for r in results],
-                "start_times": [r.start for r in results],
-                "errors": [r.error for r in results]})
-    for item in args.metadata:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--metadata {item!r}: expected KEY=VALUE")
-        out[key] = value
-    return out
-
-
-def _tokens_per_second(times: list[float]) -> list[int]:
-    """Tokens received in each whole second of the run (chunks carry one token each)."""
-    if not times:
-        return []
-    counts = [0] * (int(max(times)) + 1)
-    for t in times:
-        counts[int(max(t, 0.0))] += 1
-    return counts
-
-
-def plot(result: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
-    """Latency CDFs and output throughput over time as PNGs; returns the files written."""
-    try:
-        import matplotlib
-    except ModuleNotFoundError:
-        raise ConfigError("--plot needs matplotlib (pip install matplotlib, or the dev "
-                          "extra)") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ok = [i for i, e in enumerate(result["errors"]) if not e]
-    series = {"TTFT": [result["ttfts"][i] * 1000 for i in ok],
-              "ITL": [x * 1000 for i in ok for x in result["itls"][i]],
-              "E2E latency": [result["e2els"][i] * 1000 for i in ok]}
-    tpot = [result["tpots"][i] * 1000 for i in ok if result["tpots"][i] is not None]
-    if tpot:
-        series["TPOT"] = tpot
-    fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2))
-    for ax, (name, vals) in zip(axes, series.items(), strict=True):
-        vals = sorted(vals)
-        ax.plot(vals, [(i + 1) / len(vals) for i in range(len(vals))] if vals else [])
-        ax.set_title(f"{name} CDF")
-        ax.set_xlabel("ms")
-        ax.set_ylabel("fraction of samples")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    cdf = out_dir / f"{stem}-latency-cdf.png"
-    fig.savefig(cdf, dpi=100)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    timeline = result["output_tokens_per_second_timeline"]
-    ax.plot(range(len(timeline)), timeline, drawstyle="steps-post")
-    ax.set_title("Output throughput over time")
-    ax.set_xlabel("seconds since start")
-    ax.set_ylabel("tokens/s")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    tput = out_dir / f"{stem}-throughput.png"
-    fig.savefig(tput, dpi=100)
-    plt.close(fig)
-    return [cdf, tput]
-
-
-def report(result: dict[str, Any]) -> str:
-    rows = [("Successful requests:", result["completed"]),
-            ("Failed requests:", result["failed"]),
-            ("Maximum request concurrency:", result["max_concurrency"]),
-            ("Benchmark duration (s):", f"{result['duration']:.2f}"),
-            ("Total input tokens:", result["total_input_tokens"]),
-            ("Total generated tokens:", result["total_output_tokens"]),
-            ("Request throughput (req/s):", f"{result['request_throughput']:.2f}"),
-            ("Output token throughput (tok/s):", f"{result['output_throughput']:.2f}"),
-            ("Total token throughput (tok/s):", f"{result['total_token_throughput']:.2f}")]
-    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
-              "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
-    lines = ["{s:{c}^60}".format(s=" Serving Benchmark Result ", c="=")]
-    lines += [f"{k:<42}{v!s:>18}" for k, v in rows]
-    for key, title in titles.items():
-        if key not in result.get("percentile_metrics", METRICS):
-            continue
-        lines.append("{s:{c}^60}".format(s=f" {title} ", c="-"))
-        stats = ["mean", "median"] + [f"p{q:g}" for q in result.get("metric_percentiles", [99])]
-        for stat in stats:
-            name = stat.capitalize() if not stat.startswith("p") else stat.upper()
-            label = f"{name} {key.upper()} (ms):"
-            lines.append(f"{label:<42}{result[f'{stat}_{key}_ms']:>18.2f}")
-    lines.append("=" * 60)
-    if result["failed"]:
-        first = next(e for e in result["errors"] if e)
-        lines.append(f"first error: {first}")
-    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
