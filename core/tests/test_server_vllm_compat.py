@@ -1,5 +1,6 @@
 """``glowlm serve`` as a drop-in for ``vllm serve``: its flags, lenient parsing, vLLM's
-sampling fields, structured outputs and tool calling, driven by the official openai client.
+sampling fields and structured outputs, driven by the official openai client (tool
+calling: test_server_tool_calling.py).
 
 One server (module scope) is started with a vLLM-style command line; the tiny
 random model writes noise, so structured outputs drive it where a shape is
@@ -23,52 +24,21 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from glowlm.testing.server import (
+    HERMES_TEMPLATE,
+    free_port,
+    openai_client,
+    post,
+    start_server,
+    stop_server,
+)
 from glowlm.testing.server import ServerProcess as Server
-from glowlm.testing.server import free_port, start_server, stop_server
 from glowlm.testing.tiny_models import make_tiny_model
 
 MODEL = "tiny"
 EXACT = {"ignore_eos": True}
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
-#: A hermes-style template (as Qwen2.5 / Hermes models ship): tools in the system
-#: turn, assistant tool calls as <tool_call> JSON, tool results as <tool_response>.
-HERMES_TEMPLATE = """\
-{%- if tools %}<|system|>You may call these tools: {{ tools | tojson }}
-{% endif %}
-{%- for m in messages %}
-{%- if m.role == 'assistant' and m.tool_calls %}<|assistant|>
-{%- for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", "arguments": \
-{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}
-{% elif m.role == 'tool' %}<|tool|><tool_response>{{ m.content }}</tool_response>
-{% else %}<|{{ m.role }}|>{{ m.content }}
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|assistant|>{% endif %}"""
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin"]},
-                           "unit": {"type": "string", "enum": ["C", "F"]}},
-            "required": ["city", "unit"], "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {"type": "object", "properties": {"zone": {"type": "integer",
-                                                                 "minimum": -12,
-                                                                 "maximum": 12}},
-                       "required": ["zone"], "additionalProperties": False},
-    },
-}
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 8},
@@ -110,11 +80,7 @@ def server(root: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-def post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=60)
+    return openai_client(server)
 
 
 # -- flags ---------------------------------------------------------------------------------
@@ -250,8 +216,8 @@ def test_lax_values_and_unknown_fields(server: Server) -> None:
     ({"allowed_token_ids": [99999]}, "allowed_token_ids"),
     ({"tools": [{"type": "function"}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function",
-                                          "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "get_weather"}}],
+      "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"truncate_prompt_tokens": -5}, "truncate_prompt_tokens"),
 ])
 def test_what_cannot_be_served_is_a_400_naming_the_field(server: Server, body: dict[str, Any],
@@ -400,98 +366,6 @@ def test_structured_outputs_regex_choice_grammar(client: openai.OpenAI) -> None:
     assert old.choices[0].text in {"left", "right"}
 
 
-# -- tool calling --------------------------------------------------------------------------
-
-
-def test_chat_template_receives_the_tools(root: Path, client: openai.OpenAI) -> None:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(root / "llama"))
-    text = tok.apply_chat_template(USER, tools=[WEATHER], chat_template=HERMES_TEMPLATE,
-                                   add_generation_prompt=True, tokenize=False)
-    assert "get_weather" in text
-    expected = len(tok.encode(text, add_special_tokens=False))
-    out = client.chat.completions.create(model=MODEL, messages=USER,  # type: ignore
-                                         tools=[WEATHER], tool_choice="none", max_tokens=1)
-    assert out.usage is not None and out.usage.prompt_tokens == expected
-
-
-def test_named_tool_round_trip(client: openai.OpenAI) -> None:
-    """call -> tool message -> answer, as an agent framework runs it."""
-    first = client.chat.completions.create(
-        model=MODEL, messages=USER, tools=[WEATHER, TIME], max_tokens=40,  # type: ignore
-        tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    msg = first.choices[0].message
-    assert msg.tool_calls and len(msg.tool_calls) == 1
-    call = msg.tool_calls[0]
-    assert call.function.name == "get_weather" and call.id
-    args = json.loads(call.function.arguments)
-    jsonschema.validate(args, WEATHER["function"]["parameters"])
-    history = [*USER, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": call.id, "type": "function",
-         "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
-               {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}]
-    answer = client.chat.completions.create(model=MODEL, messages=history,  # type: ignore
-                                            tools=[WEATHER, TIME], tool_choice="none",
-                                            max_tokens=5, extra_body=EXACT)
-    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
-    assert answer.usage is not None and answer.usage.prompt_tokens > first.usage.prompt_tokens
-
-
-@pytest.mark.parametrize("parallel", [True, False])
-def test_required_tool_choice(server: Server, client: openai.OpenAI, parallel: bool) -> None:
-    # The grammar allows "]" only after a whole call; the bias makes the random model
-    # take it then, instead of adding calls until max_tokens.
-    close = post(server, "/tokenize", {"prompt": "]", "add_special_tokens": False}).json()
-    out = client.chat.completions.create(
-        model=MODEL, messages=USER, tools=[WEATHER, TIME], tool_choice="required",  # type: ignore
-        parallel_tool_calls=parallel, max_tokens=200, temperature=1.0, seed=2,
-        logit_bias={str(close["tokens"][0]): 20})
-    choice = out.choices[0]
-    assert choice.finish_reason == "tool_calls", choice
-    calls = choice.message.tool_calls or []
-    assert calls and (parallel or len(calls) == 1)
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
-    for c in calls:
-        jsonschema.validate(json.loads(c.function.arguments), schemas[c.function.name])
-
-
-def test_streamed_tool_call_deltas(client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=USER, tools=[WEATHER], stream=True, max_tokens=40,  # type: ignore
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}))
-    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
-    assert deltas[0].id and deltas[0].function.name == "get_weather"
-    args = "".join(d.function.arguments or "" for d in deltas)
-    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_auto_tool_choice_parses_hermes_calls(client: openai.OpenAI, stream: bool) -> None:
-    """tool_choice auto: the server's hermes parser reads the model's <tool_call> text.
-    The random model is driven into that text with a regex, as a real model would write it."""
-    text = ('Let me check. <tool_call>{"name": "get_weather", "arguments": '
-            '{"city": "Berlin", "unit": "C"}}</tool_call>')
-    import re
-
-    args: dict[str, Any] = dict(model=MODEL, messages=USER, tools=[WEATHER], max_tokens=400,
-                                extra_body={"structured_outputs": {"regex": re.escape(text)}})
-    if not stream:
-        out = client.chat.completions.create(**args)
-        choice = out.choices[0]
-        assert choice.finish_reason == "tool_calls"
-        assert choice.message.content == "Let me check."
-        calls = choice.message.tool_calls or []
-    else:
-        chunks = list(client.chat.completions.create(**args, stream=True))
-        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert content.strip() == "Let me check." and "<tool" not in content
-        calls = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
-        assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert len(calls) == 1 and calls[0].function.name == "get_weather"
-    assert json.loads(calls[0].function.arguments or "") == {"city": "Berlin", "unit": "C"}
-
-
 # -- client commands -----------------------------------------------------------------------
 
 
@@ -566,18 +440,3 @@ def test_periodic_throughput_log_line() -> None:
         "Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 25.0%")
     snap = EngineSnapshot(generation_tokens=500)
     assert m.maybe_log(start + 20) is None  # idle: no line
-
-
-def test_auto_tool_choice_without_parallel_calls_keeps_the_first(client: openai.OpenAI) -> None:
-    import re
-
-    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
-            '</tool_call><tool_call>{"name": "get_weather", "arguments": {"city": "Berlin", '
-            '"unit": "F"}}</tool_call>')
-    args: dict[str, Any] = dict(model=MODEL, messages=USER, tools=[WEATHER], max_tokens=400,
-                                extra_body={"structured_outputs": {"regex": re.escape(text)}})
-    both = client.chat.completions.create(**args).choices[0].message.tool_calls or []
-    one = client.chat.completions.create(**args, parallel_tool_calls=False)
-    calls = one.choices[0].message.tool_calls or []
-    assert len(both) == 2 and len(calls) == 1
-    assert json.loads(calls[0].function.arguments)["city"] == "Paris"

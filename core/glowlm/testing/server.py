@@ -16,8 +16,25 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+
+#: A hermes-style chat template (as Qwen2.5 / Hermes models ship) for tool-calling tests:
+#: tools in the system turn, assistant tool calls as <tool_call> JSON, tool results as
+#: <tool_response>.
+HERMES_TEMPLATE = """\
+{%- if tools %}<|system|>You may call these tools: {{ tools | tojson }}
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<|assistant|>
+{%- for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", "arguments": \
+{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}
+{% elif m.role == 'tool' %}<|tool|><tool_response>{{ m.content }}</tool_response>
+{% else %}<|{{ m.role }}|>{{ m.content }}
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% endif %}"""
 
 
 @dataclass
@@ -28,6 +45,18 @@ class ServerProcess:
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
+
+
+def openai_client(server: ServerProcess) -> Any:
+    """The official ``openai`` client on the server's /v1 (no retries: a failure shows)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def post(server: ServerProcess, path: str, body: dict[str, Any]) -> httpx.Response:
+    """A JSON POST to ``path``, without a client's own checks (bad bodies get through)."""
+    return httpx.post(server.url + path, json=body, timeout=60)
 
 
 def free_port() -> int:
