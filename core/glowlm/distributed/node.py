@@ -29,7 +29,8 @@ import threading
 import time
 from typing import Any
 
-from glowlm.distributed.executor import Layout, Peer, collect, span, spawn_ranks, terminate
+from glowlm.distributed.executor import Peer, collect, span, spawn_ranks, terminate
+from glowlm.distributed.groups import Layout
 from glowlm.distributed.hosts import (
     STOP_PREFIX,
     connect,

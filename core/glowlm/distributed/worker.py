@@ -18,8 +18,8 @@ import sys
 import traceback
 from typing import Any
 
-from glowlm.distributed.executor import Layout, RankComms
 from glowlm.distributed.gloo import init_gloo
+from glowlm.distributed.groups import Layout, RankComms
 from glowlm.distributed.shm import RankFailure
 from glowlm.errors import GlowlmError
 
