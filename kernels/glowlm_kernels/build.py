@@ -24,6 +24,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,15 @@ def compiler() -> str | None:
     return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
 
 
+def program_command(variant: Variant, source: Path, out: Path, cxx: str = "g++",
+                    includes: Sequence[Path] = ()) -> list[str]:
+    """The compile command of a torch-free program over the tree (``csrc/test``: the
+    contract driver, the GEMV bandwidth bench): the variant's own flags and ``-O`` level
+    without the torch ones, OpenMP for ``parallel.h``; ``includes`` go before ``csrc``."""
+    return [cxx, "-std=c++17", "-fopenmp", variant.opt, "-DNDEBUG", *variant.flags,
+            *(f"-I{p}" for p in includes), f"-I{CSRC}", str(source), "-o", str(out)]
+
+
 # -- install time ---------------------------------------------------------------------
 
 
@@ -159,9 +169,12 @@ def setup_kwargs(plugin: str, package: str) -> dict[str, Any]:
                 raise SystemExit(f"glowlm-{plugin}: no C++ compiler (c++, g++ or clang++) "
                                  "to build its kernels; install one (apt-get install g++) or "
                                  "set GLOWLM_BUILD_KERNELS=0 to install without them")
+            # Hashed before compiling: a source edited during the build (an editable
+            # checkout) then no longer matches the record, and the loader rebuilds at run
+            # time instead of taking a module compiled from the older text.
+            info = {v.isa: source_hash(v) for v in variants}
             start = time.perf_counter()
             super().run()
-            info = {v.isa: source_hash(v) for v in variants}
             # Beside the modules, and in the source package: an editable install
             # (setuptools' editable mode) copies only the modules back into it.
             build_py = self.get_finalized_command("build_py")

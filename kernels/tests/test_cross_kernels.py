@@ -14,7 +14,9 @@ driver over its small ATen subset): 4-bit and 8-bit weight-only with fp32, bf16 
 activations (bf16 x 4-bit takes the pairwise bf16 dot product where the variant has it:
 BFDOT on ``aarch64-neon-bf16``, vdpbf16ps on ``x86-avx512-bf16``; the driver reports
 which) and W8A8 dynamic / static, on weights packed by glowlm-x86's ``pack_*`` (the
-layout the kernels read) against core's reference quantized matmuls.
+layout the kernels read) against core's reference quantized matmuls. So does the dense
+bf16 x bf16 GEMV (``gemv_bf16``, the same dot product on bf16 rows), held to the bound
+of a reordered fp32 sum of exact products.
 
 Drivers are cached by source hash under ``GLOWLM_KERNEL_CACHE/cross``. A missing cross
 compiler or qemu skips that target with the reason (``make test-cross`` installs them).
@@ -41,7 +43,7 @@ from glowlm.plugin_api import (
     core_env,
 )
 from glowlm.plugin_api import reference_ops as reference
-from glowlm_kernels.build import CSRC, VARIANTS
+from glowlm_kernels.build import CSRC, VARIANTS, program_command
 from glowlm_kernels.quant import pack_w8a8, pack_weight_only
 
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -181,6 +183,31 @@ def _linear_cases(c: Cases, gen: torch.Generator) -> None:
                           LINEAR_TOL[dt], {"m": m, "n": n, "k": k}, None, arrays)
 
 
+def _bf16_gemv_cases(c: Cases, gen: torch.Generator) -> None:
+    """bf16 x bf16 GEMV (the engine's bf16 decode), which runs the pairwise bf16 dot
+    product where the variant has it (BFDOT on aarch64-neon-bf16, vdpbf16ps on
+    x86-avx512-bf16) and the fp32 path elsewhere: M 1-8 (the token tiles and their
+    remainders), K odd and not a multiple of one dot2 step (2W) so the scalar tail runs,
+    short and long rows (two and four streams per chunk), partial chunks. Compared with
+    the exact fp32 product: the kernel sums exact products in fp32 in some order (at most
+    K + 1 roundings per term, bias included; 2^-22 per rounding covers BFDOT's two
+    round-to-odd steps per pair), then rounds the output once to bf16 (2^-8 relative)."""
+    for m, n, k in ((1, 3, 1), (2, 9, 33), (3, 70, 2049), (4, 5, 63), (5, 130, 100),
+                    (7, 66, 2050), (8, 17, 31)):
+        x = _randn(m, k, dtype=torch.bfloat16, gen=gen)
+        w = (_randn(n, k, dtype=torch.float32, gen=gen) / k ** 0.5).to(torch.bfloat16)
+        bias = _randn(n, dtype=torch.bfloat16, gen=gen) if m % 2 else None
+        bf = None if bias is None else bias.float()
+        want = torch.nn.functional.linear(x.float(), w.float(), bf)
+        mag = x.float().abs() @ w.float().abs().T + (0 if bf is None else bf.abs())
+        atol = 1.01 * (k + 1) * 2.0 ** -22 * float(mag.max())
+        arrays = {"x": x, "w": w, "want": want}
+        if bias is not None:
+            arrays["bias"] = bias
+        c.add(f"gemv-bf16dot-{m}x{n}x{k}", "gemv", torch.bfloat16, torch.bfloat16,
+              (atol, 2.0 ** -8), {"m": m, "n": n, "k": k}, None, arrays)
+
+
 def _max_tol(want: torch.Tensor, rel: float) -> tuple[float, float]:
     """x86's quant test criterion, max |got - want| < rel * max |want|, as (atol, rtol)."""
     return rel * float(want.float().abs().max().clamp_min(1e-12)), 0.0
@@ -296,7 +323,7 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     gen = torch.Generator().manual_seed(0)
     c = Cases()
     for make in (_norm_cases, _activation_cases, _rotary_cases, _linear_cases,
-                 _attention_cases, _quant_cases):
+                 _bf16_gemv_cases, _attention_cases, _quant_cases):
         make(c, gen)
     path = tmp_path_factory.mktemp("cross") / "cases.txt"
     path.write_text(c.text())
@@ -308,22 +335,22 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 def _driver(target: str) -> Path:
     cxx, (plugin, isa), _, _ = TARGETS[target]
-    variant = VARIANTS[plugin][isa]
-    # The module's own flags and -O level (Arm: -O2, build.py), without the torch ones.
-    flags = (variant.opt, "-DNDEBUG", *variant.flags)
+    # The module's own flags and -O level (Arm: -O2, build.py), without the torch ones;
+    # test/aten_shim first: quant_linear.cpp's <torch/all.h> is the driver's subset.
+    def command(out: Path) -> list[str]:
+        return program_command(VARIANTS[plugin][isa], CSRC / "test" / "contract_driver.cpp",
+                               out, cxx, includes=(CSRC / "test" / "aten_shim",))
+
     # Everything, csrc/torch too: the driver compiles quant_linear.cpp.
     sources = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp"))
-    h = hashlib.sha256(" ".join((cxx, *flags)).encode())
+    h = hashlib.sha256(" ".join(command(Path("-"))).encode())
     for p in sources:
         h.update(p.read_bytes())
     out = Path(core_env().kernel_cache) / "cross" / f"{target}-{h.hexdigest()[:16]}"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
-        # test/aten_shim first: quant_linear.cpp's <torch/all.h> is the driver's subset.
-        cmd = [cxx, "-std=c++17", "-fopenmp", *flags,
-               f"-I{CSRC / 'test' / 'aten_shim'}", f"-I{CSRC}",
-               str(CSRC / "test" / "contract_driver.cpp"), "-o", str(tmp)]
+        cmd = command(tmp)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         tmp.rename(out)
@@ -360,6 +387,7 @@ def test_kernel_contract(target: str, cases: tuple[Path, list[str]]) -> None:
                 "x86-avx512-bf16": "avx512-bf16"}.get(target)
     if want_isa:
         assert head[1] == want_isa, lines[0]  # the NEON header, not the portable one
-    # The bf16 x 4-bit cases ran the pairwise bf16 dot product exactly where it exists.
+    # The bf16 x 4-bit and bf16 GEMV cases ran the pairwise bf16 dot product exactly
+    # where it exists.
     assert head[5] == ("1" if target in ("aarch64-neon-bf16", "x86-avx512-bf16") else "0"), \
         lines[0]

@@ -2,14 +2,28 @@
 
 Usage: python plugins/x86/tools/bench_linear.py [--ms 1,2,4,8,16,32,128] [--dtypes bfloat16,float32]
 Prints the median ms per call and the GB/s of weight read / GFLOP/s achieved.
+
+``--native ISA`` instead builds ``csrc/test/bench_gemv.cpp`` with that x86 variant's
+flags and runs it: in one process, the read bandwidth of the llama-1b decode matrices
+(2 MiB pages, all threads, the kernels' own ``parallel_chunks``) beside the decode GEMV's
+weight-read rate on the same matrices, fp32 path and (AVX512_BF16) bf16 dot-product
+path, M = 1 and 4, and each one's share of the read (docs/performance.md). Arguments
+after ``--`` go to the program (``--reps``, ``--shapes NxK,...``, ``--dtypes``,
+``--min-mib``). The CPU model, its vector flags and the load average are printed with
+the figures, since they vary between hosts and minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +41,54 @@ def _time(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
+#: /proc/cpuinfo flags that decide which GEMV path and vector width run.
+VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                "avx512_vnni", "amx_bf16")
+
+
+def host_line() -> str:
+    """The CPU model, its vector flags and the load average, for the head of a report."""
+    model, flags = "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    have = " ".join(f for f in VECTOR_FLAGS if f in flags)
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    return f"cpu: {model}, {os.cpu_count()} cpus, flags: {have}; load average: {load}"
+
+
+def run_native(isa: str, threads: int, extra: list[str]) -> None:
+    """Build bench_gemv.cpp for the x86 variant ``isa`` (cached by command and sources)
+    and run it with ``threads`` OpenMP threads."""
+    from glowlm.plugin_api import core_env
+    from glowlm_kernels.build import CSRC, VARIANTS, compiler, program_command
+
+    source = CSRC / "test" / "bench_gemv.cpp"
+    cxx = compiler() or "g++"
+    h = hashlib.sha256(" ".join(program_command(VARIANTS["x86"][isa], source, Path("-"),
+                                                cxx)).encode())
+    for path in sorted([source, *(CSRC / "cpu").glob("*.h"), *(CSRC / "arch").glob("*.h")]):
+        h.update(path.read_bytes())
+    exe = Path(core_env().kernel_cache) / "bench" / f"bench_gemv-{isa}-{h.hexdigest()[:16]}"
+    if not exe.exists():
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        tmp = exe.with_suffix(".tmp")
+        subprocess.run(program_command(VARIANTS["x86"][isa], source, tmp, cxx), check=True)
+        tmp.rename(exe)
+    print(host_line(), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads or os.cpu_count() or 1)}
+    proc = subprocess.run([str(exe), *extra], env=env)
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    if proc.returncode:
+        sys.exit(proc.returncode)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="1,2,4,8,16,32,128")
@@ -35,7 +97,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--compiled", default="", help="ISA (avx2/avx512): also time the "
                     "compiled gemv and gemm")
+    ap.add_argument("--native", default="", metavar="ISA",
+                    help="build and run the C++ read-bandwidth and GEMV bench for this x86 "
+                         "ISA (avx2, avx512, avx512-bf16) instead; arguments after -- go to it")
+    ap.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.native:
+        run_native(args.native, args.threads, args.extra)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     impls: dict[str, Callable[..., torch.Tensor]] = {"torch": F.linear}

@@ -98,6 +98,9 @@ struct VecBF {
 inline VecF dot2(VecF acc, VecBF a, VecBF b) {
   return {_mm512_dpbf16_ps(acc.v, (__m512bh)a.v, (__m512bh)b.v)};
 }
+// 2W bf16 as stored, p[2i], p[2i + 1] in lane i: dot2's operand straight from memory
+// (the dense bf16 GEMV's weights and activations, cpu/gemv.h).
+inline VecBF load_pairs(const bf16* p) { return {_mm512_loadu_si512(p)}; }
 // The pair p[0], p[1] in every lane.
 inline VecBF broadcast_pair(const bf16* p) {
   int32_t v;

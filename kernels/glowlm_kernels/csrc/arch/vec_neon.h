@@ -141,6 +141,12 @@ struct VecBF {
 inline VecF dot2(VecF acc, VecBF a, VecBF b) {
   return {vbfdotq_f32(acc.lo, a.lo, b.lo), vbfdotq_f32(acc.hi, a.hi, b.hi)};
 }
+// 2W = 16 bf16 as stored, p[2i], p[2i + 1] in lane i (lo: p[0..8), hi: p[8..16)):
+// dot2's operand straight from memory (the dense bf16 GEMV, cpu/gemv.h).
+inline VecBF load_pairs(const bf16* p) {
+  const bfloat16_t* q = reinterpret_cast<const bfloat16_t*>(p);
+  return {vld1q_bf16(q), vld1q_bf16(q + 8)};
+}
 // The pair p[0], p[1] in every lane.
 inline VecBF broadcast_pair(const bf16* p) {
   uint32_t v;

@@ -1,10 +1,16 @@
 // Weight-streaming GEMV for decode (torch-free) (a few token rows); larger M runs gemm.cpp.
 //
 // Decode is bound by memory bandwidth: every weight byte must be read once per
-// step and no more. `gemv` converts bf16/fp16 to fp32 in registers and multiplies
-// each weight row with every token row while it is in L1 (fp32 accumulate). Output
-// rows are split across threads in chunks (64 long or 128 short rows), so each thread streams its own
-// slice of the weight.
+// step and no more. Each weight row is multiplied with every token row while it is in
+// L1, fp32 accumulate, by one of two inner loops (the "Op" of gemv_tile):
+//   gemv_f32   x in fp32, weights (fp32, bf16, fp16) converted to fp32 in registers and
+//              FMA'd: every CPU, every dtype;
+//   gemv_bf16  bf16 x and bf16 weights where the vector header has the pairwise bf16 dot
+//              product (GLOWLM_VEC_BF16DOT: vdpbf16ps, Arm BFDOT): both read as stored
+//              pairs straight into dot2, no conversion, half the instructions per weight
+//              byte. The engine's bf16 decode takes it on AVX512_BF16 CPUs.
+// Output rows are split across threads in chunks (64 long or 128 short rows), so each
+// thread streams its own slice of the weight; both loops walk the rows the same way.
 //
 // How rows are walked: each thread's chunk of rows is read as a few sequential
 // streams far apart, one row of each at a time, so every load of x serves them all.
@@ -24,6 +30,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu/parallel.h"
 #include "cpu/vec.h"
@@ -38,97 +45,6 @@ constexpr int64_t kShortChunkRows = 128;  // short rows per work item: 2 streams
 constexpr int64_t kShortRowBytes = 4096;
 constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kLine = 64;
-
-// y[m, n] = sum_k x[m, k] * w[n, k] for MR token rows and NR weight rows, with U
-// independent accumulators along k (for ILP when MR x NR is small). Weight row n
-// starts at w + n * ws and its outputs at y + n * ys (ws = K, ys = 1 for adjacent rows).
-// PF: prefetch each weight row's stream kPrefetchBytes ahead (short rows).
-template <int MR, int NR, int U, bool PF, typename WT>
-inline void gemv_tile(const float* x, int64_t K, const WT* w, int64_t ws, float* y, int64_t ys,
-                      int64_t ldy) {
-  VecF acc[MR][NR][U];
-  GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
-    GLOWLM_UNROLL for (int n = 0; n < NR; ++n) {
-      GLOWLM_UNROLL for (int u = 0; u < U; ++u) acc[m][n][u] = zero();
-    }
-  }
-  int64_t k = 0;
-  for (; k + U * W <= K; k += U * W) {
-    if constexpr (PF) {
-      constexpr int64_t bytes = U * W * static_cast<int64_t>(sizeof(WT));
-      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) {
-        const char* ahead = reinterpret_cast<const char*>(w + n * ws + k) + kPrefetchBytes;
-        GLOWLM_UNROLL for (int64_t b = 0; b < bytes; b += kLine) prefetch(ahead + b);
-      }
-    }
-    GLOWLM_UNROLL for (int u = 0; u < U; ++u) {
-      VecF wv[NR];
-      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) wv[n] = load(w + n * ws + k + u * W);
-      GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
-        const VecF xv = load(x + m * K + k + u * W);
-        GLOWLM_UNROLL for (int n = 0; n < NR; ++n) acc[m][n][u] = fmadd(xv, wv[n], acc[m][n][u]);
-      }
-    }
-  }
-  for (; k + W <= K; k += W) {
-    GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
-      const VecF xv = load(x + m * K + k);
-      GLOWLM_UNROLL for (int n = 0; n < NR; ++n)
-        acc[m][n][0] = fmadd(xv, load(w + n * ws + k), acc[m][n][0]);
-    }
-  }
-  for (int m = 0; m < MR; ++m) {
-    for (int n = 0; n < NR; ++n) {
-      VecF t = acc[m][n][0];
-      for (int u = 1; u < U; ++u) t = add(t, acc[m][n][u]);
-      float s = reduce_add(t);
-      for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * to_float(w[n * ws + kk]);
-      y[m * ldy + n * ys] = s;
-    }
-  }
-}
-
-// NR weight rows (ws apart, outputs ys apart) against all M token rows, kGemvMR at a
-// time. Only the first pass over the rows prefetches; later token rows find them in
-// L1/L2.
-template <int NR, int U, bool PF, typename WT>
-inline void gemv_rows(const float* x, int64_t M, int64_t K, const WT* w, int64_t ws, float* y,
-                      int64_t ys, int64_t N) {
-  constexpr int MR = kGemvMR;
-  constexpr int U1 = U == 1 ? 1 : 4;  // one token row: more accumulators for ILP
-  int64_t m = 0;
-  for (; m + MR <= M; m += MR) {
-    if (m == 0) gemv_tile<MR, NR, U, PF>(x, K, w, ws, y, ys, N);
-    else gemv_tile<MR, NR, U, false>(x + m * K, K, w, ws, y + m * N, ys, N);
-  }
-  for (; m < M; ++m) {
-    if (m == 0) gemv_tile<1, NR, U1, PF>(x, K, w, ws, y, ys, N);
-    else gemv_tile<1, NR, U1, false>(x + m * K, K, w, ws, y + m * N, ys, N);
-  }
-}
-
-template <typename WT>
-void gemv_f32(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N) {
-  const bool short_rows = K * static_cast<int64_t>(sizeof(WT)) < kShortRowBytes;
-  const int64_t rows = short_rows ? kShortChunkRows : kChunkRows;
-  const int64_t chunks = (N + rows - 1) / rows;
-  parallel_chunks(chunks, [&](int64_t c) {
-    const int64_t begin = c * rows, end = std::min(N, begin + rows);
-    int64_t n = begin;
-    if (short_rows) {  // rows begin + i and begin + half + i together
-      const int64_t half = (end - begin) / 2;
-      for (; n < begin + half; ++n)
-        gemv_rows<2, 2, true>(x, M, K, w + n * K, half * K, y + n, half, N);
-      n = begin + 2 * half;
-    } else {  // rows begin + i + j * quarter, j < kNR, together
-      const int64_t quarter = (end - begin) / kNR;
-      for (; n < begin + quarter; ++n)
-        gemv_rows<kNR, 1, false>(x, M, K, w + n * K, quarter * K, y + n, quarter, N);
-      n = begin + kNR * quarter;
-    }
-    for (; n < end; ++n) gemv_rows<1, 2, true>(x, M, K, w + n * K, K, y + n, 1, N);
-  });
-}
 
 // dst[i] = float(src[i]) for n elements (decode-sized: plain loops, one thread).
 template <typename T>
@@ -146,6 +62,160 @@ template <typename T>
 void add_bias(float* y, const T* bias, int64_t M, int64_t N) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) y[m * N + n] += to_float(bias[n]);
+}
+
+// How a tile multiplies one step of k. F32Op: x in fp32, each weight vector converted
+// to fp32 in registers (vec::load), one FMA per W weights. BF16DotOp (vector headers
+// with GLOWLM_VEC_BF16DOT, x and w both bf16): 2W bf16 of a weight row and of x read as
+// W pairs as stored, one dot2 per 2W weights, no conversion (see gemv_bf16).
+template <typename WT>
+struct F32Op {
+  using XT = float;
+  using V = VecF;
+  static constexpr int64_t kStep = W;  // k per vector
+  static V wload(const WT* p) { return load(p); }
+  static V xload(const float* p) { return load(p); }
+  static VecF madd(VecF acc, V wv, V xv) { return fmadd(xv, wv, acc); }
+};
+
+#if defined(GLOWLM_VEC_BF16DOT)
+struct BF16DotOp {
+  using XT = bf16;
+  using V = VecBF;
+  static constexpr int64_t kStep = 2 * W;
+  static V wload(const bf16* p) { return load_pairs(p); }
+  static V xload(const bf16* p) { return load_pairs(p); }
+  static VecF madd(VecF acc, V wv, V xv) { return dot2(acc, wv, xv); }
+};
+#endif
+
+// y[m, n] = sum_k x[m, k] * w[n, k] for MR token rows and NR weight rows, with U
+// independent accumulators along k (for ILP when MR x NR is small). Weight row n
+// starts at w + n * ws and its outputs at y + n * ys (ws = K, ys = 1 for adjacent rows).
+// PF: prefetch each weight row's stream kPrefetchBytes ahead (short rows). The k tail
+// (K not a multiple of the step) is scalar: exact products summed in fp32.
+template <typename Op, int MR, int NR, int U, bool PF, typename WT>
+inline void gemv_tile(const typename Op::XT* x, int64_t K, const WT* w, int64_t ws, float* y,
+                      int64_t ys, int64_t ldy) {
+  constexpr int64_t S = Op::kStep;
+  VecF acc[MR][NR][U];
+  GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
+    GLOWLM_UNROLL for (int n = 0; n < NR; ++n) {
+      GLOWLM_UNROLL for (int u = 0; u < U; ++u) acc[m][n][u] = zero();
+    }
+  }
+  int64_t k = 0;
+  for (; k + U * S <= K; k += U * S) {
+    if constexpr (PF) {
+      constexpr int64_t bytes = U * S * static_cast<int64_t>(sizeof(WT));
+      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) {
+        const char* ahead = reinterpret_cast<const char*>(w + n * ws + k) + kPrefetchBytes;
+        GLOWLM_UNROLL for (int64_t b = 0; b < bytes; b += kLine) prefetch(ahead + b);
+      }
+    }
+    GLOWLM_UNROLL for (int u = 0; u < U; ++u) {
+      typename Op::V wv[NR];
+      GLOWLM_UNROLL for (int n = 0; n < NR; ++n) wv[n] = Op::wload(w + n * ws + k + u * S);
+      GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
+        const typename Op::V xv = Op::xload(x + m * K + k + u * S);
+        GLOWLM_UNROLL for (int n = 0; n < NR; ++n)
+          acc[m][n][u] = Op::madd(acc[m][n][u], wv[n], xv);
+      }
+    }
+  }
+  for (; k + S <= K; k += S) {
+    GLOWLM_UNROLL for (int m = 0; m < MR; ++m) {
+      const typename Op::V xv = Op::xload(x + m * K + k);
+      GLOWLM_UNROLL for (int n = 0; n < NR; ++n)
+        acc[m][n][0] = Op::madd(acc[m][n][0], Op::wload(w + n * ws + k), xv);
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    for (int n = 0; n < NR; ++n) {
+      VecF t = acc[m][n][0];
+      for (int u = 1; u < U; ++u) t = add(t, acc[m][n][u]);
+      float s = reduce_add(t);
+      for (int64_t kk = k; kk < K; ++kk) s += to_float(x[m * K + kk]) * to_float(w[n * ws + kk]);
+      y[m * ldy + n * ys] = s;
+    }
+  }
+}
+
+// NR weight rows (ws apart, outputs ys apart) against all M token rows, kGemvMR at a
+// time. Only the first pass over the rows prefetches; later token rows find them in
+// L1/L2.
+template <typename Op, int NR, int U, bool PF, typename WT>
+inline void gemv_rows(const typename Op::XT* x, int64_t M, int64_t K, const WT* w, int64_t ws,
+                      float* y, int64_t ys, int64_t N) {
+  constexpr int MR = kGemvMR;
+  constexpr int U1 = U == 1 ? 1 : 4;  // one token row: more accumulators for ILP
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) {
+    if (m == 0) gemv_tile<Op, MR, NR, U, PF>(x, K, w, ws, y, ys, N);
+    else gemv_tile<Op, MR, NR, U, false>(x + m * K, K, w, ws, y + m * N, ys, N);
+  }
+  for (; m < M; ++m) {
+    if (m == 0) gemv_tile<Op, 1, NR, U1, PF>(x, K, w, ws, y, ys, N);
+    else gemv_tile<Op, 1, NR, U1, false>(x + m * K, K, w, ws, y + m * N, ys, N);
+  }
+}
+
+// The row walk of both paths: y[M, N] = x w^T, N rows of K weights in chunks over the
+// threads, each chunk read as a few distant streams (the header comment).
+template <typename Op, typename WT>
+void gemv_walk(const typename Op::XT* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N) {
+  const bool short_rows = K * static_cast<int64_t>(sizeof(WT)) < kShortRowBytes;
+  const int64_t rows = short_rows ? kShortChunkRows : kChunkRows;
+  const int64_t chunks = (N + rows - 1) / rows;
+  parallel_chunks(chunks, [&](int64_t c) {
+    const int64_t begin = c * rows, end = std::min(N, begin + rows);
+    int64_t n = begin;
+    if (short_rows) {  // rows begin + i and begin + half + i together
+      const int64_t half = (end - begin) / 2;
+      for (; n < begin + half; ++n)
+        gemv_rows<Op, 2, 2, true>(x, M, K, w + n * K, half * K, y + n, half, N);
+      n = begin + 2 * half;
+    } else {  // rows begin + i + j * quarter, j < kNR, together
+      const int64_t quarter = (end - begin) / kNR;
+      for (; n < begin + quarter; ++n)
+        gemv_rows<Op, kNR, 1, false>(x, M, K, w + n * K, quarter * K, y + n, quarter, N);
+      n = begin + kNR * quarter;
+    }
+    for (; n < end; ++n) gemv_rows<Op, 1, 2, true>(x, M, K, w + n * K, K, y + n, 1, N);
+  });
+}
+
+// fp32 activations, weights in any storage dtype converted in registers.
+template <typename WT>
+void gemv_f32(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N) {
+  gemv_walk<F32Op<WT>>(x, M, K, w, y, N);
+}
+
+#if defined(GLOWLM_VEC_BF16DOT)
+// bf16 activations and bf16 weights with the pairwise bf16 dot product (vdpbf16ps on
+// AVX512_BF16, BFDOT on Arm FEAT_BF16): weights and x go to dot2 as stored pairs, fp32
+// accumulation. A product of two bf16 is exact in fp32 (8 x 8 significant bits), so the
+// result is gemv_f32's on the same inputs up to the order (and, on Arm, the rounding
+// mode) of the fp32 additions. Against gemv_f32 it does per 64 weight bytes one load and
+// one dot2 per token row instead of two converting loads and two FMAs.
+inline void gemv_bf16(const bf16* x, int64_t M, int64_t K, const bf16* w, float* y, int64_t N) {
+  gemv_walk<BF16DotOp>(x, M, K, w, y, N);
+}
+#endif
+
+// The decode GEMV from storage dtypes: y[M, N] (fp32) = x[M, K] w[N, K]^T. bf16 x and
+// bf16 w take gemv_bf16 where the vector header has the pairwise dot product; anything
+// else converts x to fp32 once into xbuf (M * K floats) and runs gemv_f32.
+template <typename XT, typename WT>
+void gemv(const XT* x, int64_t M, int64_t K, const WT* w, float* y, int64_t N, float* xbuf) {
+#if defined(GLOWLM_VEC_BF16DOT)
+  if constexpr (std::is_same_v<XT, bf16> && std::is_same_v<WT, bf16>) {
+    gemv_bf16(x, M, K, w, y, N);
+    return;
+  }
+#endif
+  to_float_buf(x, xbuf, M * K);
+  gemv_f32(xbuf, M, K, w, y, N);
 }
 
 }  // namespace glowlm::cpu

@@ -159,9 +159,10 @@ std::string linear_case(const Case& c) {
   std::vector<T> x = as<T>(c.a("x")), y(M * N);
   std::vector<WT> w = as<WT>(c.a("w"));
   if (c.op == "gemv") {
+    // cpu::gemv as the torch op calls it: bf16 x bf16 takes the pairwise bf16 dot
+    // product where the variant has it (the driver's first line says whether).
     std::vector<float> xf(M * K), yf(M * N);
-    glowlm::cpu::to_float_buf(x.data(), xf.data(), M * K);
-    glowlm::cpu::gemv_f32(xf.data(), M, K, w.data(), yf.data(), N);
+    glowlm::cpu::gemv(x.data(), M, K, w.data(), yf.data(), N, xf.data());
     if (c.has("bias")) {
       std::vector<T> b = as<T>(c.a("bias"));
       glowlm::cpu::add_bias(yf.data(), b.data(), M, N);

@@ -35,13 +35,15 @@ at::Tensor gemv(const at::Tensor& x_in, const at::Tensor& weight_in,
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   thread_local std::vector<float> xbuf, ybuf;
-  xbuf.resize(M * K);
   ybuf.resize(M * N);
+  // x is converted to fp32 into xbuf unless the kernel reads it as stored (bf16 x and
+  // bf16 weights on a CPU with the pairwise bf16 dot product, cpu::gemv).
+  xbuf.resize(M * K);
   GLOWLM_DISPATCH_FLOAT_TYPES(x.scalar_type(), "gemv", [&] {
-    cpu::to_float_buf(ptr<scalar_t>(x), xbuf.data(), M * K);
-  });
-  GLOWLM_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gemv", [&] {
-    cpu::gemv_f32(xbuf.data(), M, K, ptr<scalar_t>(weight), ybuf.data(), N);
+    using xt = scalar_t;
+    GLOWLM_DISPATCH_FLOAT_TYPES(weight.scalar_type(), "gemv", [&] {
+      cpu::gemv(ptr<xt>(x), M, K, ptr<scalar_t>(weight), ybuf.data(), N, xbuf.data());
+    });
   });
   if (b) {  // bias in its own dtype (usually the model's): added here, no converted copy
     GLOWLM_DISPATCH_FLOAT_TYPES(b->scalar_type(), "gemv", [&] {
