@@ -1,7 +1,9 @@
 """glowlm and llama.cpp on the *same* GGUF files (real weights), P1 and P2, in one run.
 
-Each file is read by both engines as it is: llama.cpp runs its quantized blocks
-natively, glowlm dequantizes them at load to ``--dtype`` (bf16 by default). The
+Each file is read by both engines as it is: both run its quantized blocks natively
+(glowlm: every linear weight and the LM head of a type it runs natively, docs/models.md;
+the rest, and everything with ``GLOWLM_GGUF_NATIVE=0``, dequantized to ``--dtype``,
+bf16 by default). The
 protocol is the shared one (docs/peers.md): the same random prompt ids from
 ``glowlm.bench.protocol`` (token ids, so the tokenizers play no part), exactly
 ``output_len`` greedy tokens, one warm-up, medians; P2 is 32 prompts at once. The

@@ -33,9 +33,14 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_KERNEL_CACHE": ("~/.cache/glowlm/kernels", "where compiled kernels are cached"),
     "GLOWLM_GGUF_CACHE": ("~/.cache/glowlm/gguf", "where a GGUF file's metadata is converted "
                                                  "to config and tokenizer files (once per file)"),
-    "GLOWLM_GGUF_NATIVE": ("1", "run GGUF Q4_0/Q4_1/Q8_0 linear weights natively as 4/8-bit "
-                                "blocks where the platform implements them (fewer bytes per "
-                                "token); 0: dequantize every tensor at load"),
+    "GLOWLM_GGUF_NATIVE": ("1", "run GGUF linear weights and the LM head (Q4_0/Q4_1/Q8_0/"
+                                "Q5_0/Q5_1/Q2_K-Q6_K) natively as 4/8-bit blocks where the "
+                                "platform implements them (fewer bytes per token); 0: "
+                                "dequantize every tensor at load"),
+    "GLOWLM_GGUF_NATIVE_HEAD": ("auto", "the GGUF LM head natively too: auto (when its blocks "
+                                        "run 4-bit; 8-bit heads stay dense bf16, which "
+                                        "streams faster here), 1 (any native type), 0 "
+                                        "(dense)"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
@@ -73,6 +78,7 @@ class Env:
     kernel_cache: str
     gguf_cache: str
     gguf_native: bool
+    gguf_native_head: str  # "auto", "1" or "0"
     disable_kernels: bool
     no_fused_layers: bool
     linear_impl: str | None  # None: measure; "default": off; else a candidate name
@@ -86,6 +92,13 @@ def _bool(name: str, raw: str) -> bool:
     if raw.strip().lower() in ("0", "false", "no", "off", ""):
         return False
     raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0")
+
+
+def _head(raw: str) -> str:
+    value = raw.strip().lower() or "auto"
+    if value not in ("auto", "1", "0"):
+        raise ConfigError(f"GLOWLM_GGUF_NATIVE_HEAD={raw!r}: use auto, 1 or 0")
+    return value
 
 
 def parse(environ: Mapping[str, str]) -> Env:
@@ -134,6 +147,7 @@ def parse(environ: Mapping[str, str]) -> Env:
         kernel_cache=os.path.expanduser(raw("GLOWLM_KERNEL_CACHE")),
         gguf_cache=os.path.expanduser(raw("GLOWLM_GGUF_CACHE")),
         gguf_native=_bool("GLOWLM_GGUF_NATIVE", raw("GLOWLM_GGUF_NATIVE")),
+        gguf_native_head=_head(raw("GLOWLM_GGUF_NATIVE_HEAD")),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),
         linear_impl=raw("GLOWLM_LINEAR_IMPL").strip().lower() or None,

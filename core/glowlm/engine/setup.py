@@ -99,8 +99,9 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
                     "at load", platform.name, dtype_name(dtype))
         quant_cfg = None
     elif info.gguf_native:
-        logger.info("GGUF: %d linear weights run natively as 4/8-bit blocks (Q4_0/Q4_1/"
-                    "Q8_0); the rest is dequantized to %s", len(info.gguf_native),
+        logger.info("GGUF: %d weights run natively as 4/8-bit blocks%s; the rest is "
+                    "dequantized to %s", len(info.gguf_native),
+                    " (the LM head among them)" if "lm_head" in info.gguf_native else "",
                     dtype_name(dtype))
     quant = quantization.resolve(quant_cfg, platform,
                                  None if info.gguf_native else config.quantization)

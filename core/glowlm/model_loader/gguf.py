@@ -13,6 +13,9 @@ parts so the rest of the engine sees an ordinary Hugging Face model:
   layout changes llama.cpp's converter makes (Llama's q/k rows are permuted for its
   rotary layout; Gemma's norm weights have the +1 baked in), and are dequantized to
   the run dtype one tensor at a time, so peak memory stays the model plus one tensor.
+  Linear weights (and the LM head) of a block type the platform runs natively are
+  handed over as their blocks instead (:func:`native_quant_config`,
+  :mod:`glowlm.layers.quantization.gguf`); ``GLOWLM_GGUF_NATIVE=0`` dequantizes all.
 
 Every problem a user can cause (not a GGUF file, a truncated file, an architecture
 or tensor type glowlm does not read) is one :class:`~glowlm.errors.ModelLoadError`
@@ -27,7 +30,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +55,9 @@ ARCHITECTURES = {
     "gemma3": "Gemma3ForCausalLM",
 }
 #: Tensor types read (and what they are): the float types as they are, the rest
-#: dequantized. Q8_0/Q4_0/Q4_1 (32-element blocks, one scale (and min)) are done in
-#: torch here; the K-quants and Q5 types through the ``gguf`` package's numpy code.
+#: dequantized (or run natively: glowlm.layers.quantization.gguf.NATIVE_TYPES).
+#: Q8_0/Q4_0/Q4_1 (32-element blocks, one scale (and min)) are dequantized in torch
+#: here; the K-quants and Q5 types through the ``gguf`` package's numpy code.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K",
                    "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
@@ -371,28 +375,38 @@ def _rows(arch: str, name: str, n_head: int, n_kv: int, w: torch.Tensor) -> torc
 
 
 def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype,
-                    native: frozenset[str] = frozenset()
+                    native: Mapping[str, tuple[int, int]] | None = None
                     ) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     """Yield ``(hf_name, load)`` for every tensor the model reads; ``load()`` dequantizes
     that one tensor to ``dtype`` (floats) when called.
 
-    A weight whose layer is in ``native`` (HF module names, from
-    :func:`native_quant_config`) is yielded as its blocks instead: ``<layer>.gguf_q``,
-    ``.gguf_scales`` and ``.gguf_zeros`` (:mod:`glowlm.layers.quantization.gguf`).
+    A weight whose module is in ``native`` (HF module name -> the (bits, group) its
+    layer runs in, from :func:`native_quant_config`) is yielded as its blocks instead:
+    ``<module>.gguf_q``, ``.gguf_scales`` and ``.gguf_zeros``
+    (:mod:`glowlm.layers.quantization.gguf`). With
+    ``lm_head`` native and the embeddings tied, ``token_embd`` is the LM head's blocks
+    (the embedding looks its rows up there; no dense copy is read).
     """
     path = Path(path)
+    native = native or {}
     reader = _reader(path)
     arch = field(reader, "general.architecture")
     n_head = int(getattr(hf_config, "num_attention_heads", 0) or 0)
     n_kv = int(getattr(hf_config, "num_key_value_heads", 0) or n_head)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     for t in reader.tensors:
         name = hf_name(arch, t.name)
         if name is None:
             continue
         # GGUF lists dimensions fastest-first; torch wants (rows, columns).
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        if name.endswith(".weight") and name.removesuffix(".weight") in native:
-            yield from _native_parts(path, t, name.removesuffix(".weight"), shape,
+        module = name.removesuffix(".weight") if name.endswith(".weight") else None
+        if module == "model.embed_tokens" and tied and "lm_head" in native:
+            module = "lm_head"
+        elif module == "lm_head" and tied:
+            module = None  # the tied model reads no output.weight
+        if module is not None and module in native:
+            yield from _native_parts(path, t, module, shape, native[module],
                                      lambda n, w: _rows(arch, n, n_head, n_kv, w))
             continue
 
@@ -411,6 +425,7 @@ def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype,
 
 
 def _native_parts(path: Path, t: Any, layer: str, shape: tuple[int, ...],
+                  fmt: tuple[int, int],
                   rows: Callable[[str, torch.Tensor], torch.Tensor]
                   ) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     """The three block tensors of one natively run weight, split once on first use."""
@@ -421,7 +436,8 @@ def _native_parts(path: Path, t: Any, layer: str, shape: tuple[int, ...],
     def get(key: str) -> torch.Tensor:
         if not parts:
             try:
-                q, scales, zeros = split_blocks(t.data, t.tensor_type.name, shape)
+                q, scales, zeros = split_blocks(t.data, t.tensor_type.name, shape, fmt[1],
+                                               fmt[0])
             except (ValueError, RuntimeError) as exc:
                 raise ModelLoadError(f"{path}: cannot read tensor {t.name} "
                                      f"({t.tensor_type.name}, {shape}): {exc}") from None
@@ -434,39 +450,58 @@ def _native_parts(path: Path, t: Any, layer: str, shape: tuple[int, ...],
         yield f"{layer}.{key}", (lambda key=key: get(key))
 
 
-def native_quant_config(path: str | Path, stacked: list[tuple[str, str, Any]]
-                        ) -> tuple[dict[str, Any] | None, frozenset[str]]:
+def native_quant_config(path: str | Path, stacked: list[tuple[str, str, Any]],
+                        tied: bool = False, head: str = "auto"
+                        ) -> tuple[dict[str, Any] | None, dict[str, tuple[int, int]]]:
     """The ``gguf`` quantization config for the layers whose every part is a natively run
-    block type (Q4_0/Q4_1/Q8_0), and the HF module names of those parts.
+    block type, and the HF module names of those parts with the (bits, group) of their
+    layer.
 
     ``stacked`` is the model's ``(fused, part, shard)`` list: q/k/v become ``qkv_proj``
-    only if all three are native types. 8-bit when any part is Q8_0 (4-bit values fit).
-    Embeddings and the LM head stay dense.
+    only if all three are native types, as one format (the widest bits, the smallest
+    group: :func:`~glowlm.layers.quantization.gguf.layer_format`). Norms stay dense.
+
+    The LM head (``token_embd`` when ``tied``: the model then looks its embedding rows up
+    in the head's blocks; else ``output``) per ``head`` (``GLOWLM_GGUF_NATIVE_HEAD``):
+    ``"1"`` native when its type is, ``"0"`` dense, ``"auto"`` native when it runs 4-bit.
+    Why auto keeps 8-bit heads dense: measured on x86 (Zen 5, 2 threads, bf16), the
+    8-bit weight-only kernel is compute-bound at M = 1 (Gemma 3's 262144 x 640 Q8_0
+    head: 6.9 ms for 178 MB) where the dense bf16 GEMV streams twice the bytes faster
+    (5.7 ms for 335 MB); decode was 81 vs 104 tok/s (Gemma 3 270M) and 200 vs 232
+    (SmolLM2), while a 4-bit head (3.5 ms) beats both.
     """
-    from glowlm.layers.quantization.gguf import NATIVE_TYPES
+    from glowlm.layers.quantization.gguf import NATIVE_TYPES, layer_format
 
     reader = _reader(Path(path))
     arch = field(reader, "general.architecture")
     types: dict[str, str] = {}
+    head_type: str | None = None
     for t in reader.tensors:
         name = hf_name(arch, t.name)
         if name and name.endswith(".weight") and name.startswith("model.layers."):
             types[name.removesuffix(".weight")] = t.tensor_type.name
+        elif name == ("model.embed_tokens.weight" if tied else "lm_head.weight"):
+            head_type = t.tensor_type.name
     fused_of = {part: fused for fused, part, _ in stacked}
     groups: dict[str, list[str]] = {}
     for module in types:
-        head, _, leaf = module.rpartition(".")
-        groups.setdefault(f"{head}.{fused_of.get(leaf, leaf)}", []).append(module)
-    layers: dict[str, int] = {}
-    native: set[str] = set()
+        prefix, _, leaf = module.rpartition(".")
+        groups.setdefault(f"{prefix}.{fused_of.get(leaf, leaf)}", []).append(module)
+    if head_type in NATIVE_TYPES and (head == "1" or
+                                       (head == "auto" and NATIVE_TYPES[head_type][0] == 4)):
+        types["lm_head"] = head_type
+        groups["lm_head"] = ["lm_head"]
+    layers: dict[str, list[int]] = {}
+    native: dict[str, tuple[int, int]] = {}
     for prefix, members in groups.items():
         if prefix.endswith("norm") or any(types[m] not in NATIVE_TYPES for m in members):
             continue
-        layers[prefix] = max(NATIVE_TYPES[types[m]] for m in members)
-        native.update(members)
+        bits, group = layer_format(types[m] for m in members)
+        layers[prefix] = [bits, group]
+        native.update((m, (bits, group)) for m in members)
     if not layers:
-        return None, frozenset()
-    return {"quant_method": "gguf", "layers": layers}, frozenset(native)
+        return None, {}
+    return {"quant_method": "gguf", "layers": layers}, native
 
 
 def count_tensors(path: str | Path) -> int:

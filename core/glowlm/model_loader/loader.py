@@ -46,8 +46,9 @@ class ModelDir:
     gguf_file: Path | None = None
     #: What the user named (a path, ``ORG/NAME``, ``default``), for log lines.
     source: str = ""
-    #: GGUF layers run natively (quantization_config is then the ``gguf`` one).
-    gguf_native: frozenset[str] = frozenset()
+    #: GGUF weights run natively, HF module name -> (bits, group) of its layer
+    #: (quantization_config is then the ``gguf`` one).
+    gguf_native: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def display(self) -> str:
@@ -103,7 +104,7 @@ def read_model_dir(path: str | Path | None, revision: str | None = None,
         eos = gen.get("eos_token_id", eos)
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     quant = raw.get("quantization_config")
-    native: frozenset[str] = frozenset()
+    native: dict[str, tuple[int, int]] = {}
     if source.gguf_file is not None and quant is None:
         from glowlm import envs
         from glowlm.model_loader import gguf
@@ -112,8 +113,10 @@ def read_model_dir(path: str | Path | None, revision: str | None = None,
         # platform cannot run them, engine setup dequantizes them anyway.
         if envs.get().gguf_native:
             cls = model_class(raw.get("architectures"))
-            quant, native = gguf.native_quant_config(source.gguf_file,
-                                                     getattr(cls, "stacked_params", []))
+            quant, native = gguf.native_quant_config(
+                source.gguf_file, getattr(cls, "stacked_params", []),
+                bool(getattr(hf_config, "tie_word_embeddings", False)),
+                envs.get().gguf_native_head)
     max_pos = (getattr(hf_config, "max_position_embeddings", None)
                or getattr(hf_config, "n_positions", None) or 2048)
     return ModelDir(
@@ -135,7 +138,7 @@ def load_model(info: ModelDir, parts: ModelParts, allow_pickle: bool = False,
         from glowlm.model_loader import gguf
 
         native = info.gguf_native if getattr(parts.quant_config, "name", "") == "gguf" \
-            else frozenset()
+            else {}
         tensors = gguf.iterate_tensors(info.gguf_file, info.hf_config, parts.dtype, native)
         total: int | None = gguf.count_tensors(info.gguf_file) + 2 * len(native)
     else:

@@ -5,12 +5,15 @@ The writer does what llama.cpp's ``convert_hf_to_gguf.py`` does to these
 architectures: llama.cpp tensor names, Llama's q/k rows permuted for its rotary
 layout, Gemma's norm weights stored as ``1 + w``, the config as ``<arch>.*`` keys
 and the byte-level BPE vocabulary as ``tokenizer.ggml.*`` (``gpt2`` model). Tensors
-are written as F32 (exact) or quantized to ``qtype`` with the ``gguf`` package.
+are written as F32 (exact) or quantized to ``qtype`` (one type, or a function of the
+GGUF tensor name: mixed files as llama.cpp's ``Q4_K_M`` writes them) with the ``gguf``
+package, or :mod:`glowlm.testing.gguf_blocks` for the K-quants it cannot write.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +56,14 @@ def _gguf_name(arch: str, name: str) -> str | None:
     return f"blk.{layer}.{table[stem]}.{suffix}" if stem in table else None
 
 
-def write_tiny_gguf(model_dir: str | Path, out: str | Path, qtype: str = "F32") -> Path:
-    """``model_dir`` (a tiny_models checkpoint) -> a GGUF file at ``out``."""
+def write_tiny_gguf(model_dir: str | Path, out: str | Path,
+                    qtype: str | Callable[[str], str] = "F32") -> Path:
+    """``model_dir`` (a tiny_models checkpoint) -> a GGUF file at ``out``; matrices in
+    ``qtype`` (or ``qtype(gguf_name)``), vectors F32."""
     import gguf
     from safetensors.torch import load_file
+
+    from glowlm.testing.gguf_blocks import quantize
 
     model_dir, out = Path(model_dir), Path(out)
     cfg: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
@@ -100,9 +107,10 @@ def write_tiny_gguf(model_dir: str | Path, out: str | Path, qtype: str = "F32") 
         if arch == "gemma3" and gname.endswith("norm.weight"):
             t = t + 1.0
         data = t.numpy()
-        if qtype != "F32" and data.ndim == 2:
-            kind = gguf.GGMLQuantizationType[qtype]
-            w.add_tensor(gname, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        kind_name = qtype(gname) if callable(qtype) else qtype
+        if kind_name != "F32" and data.ndim == 2:
+            kind = gguf.GGMLQuantizationType[kind_name]
+            w.add_tensor(gname, quantize(data, kind_name), raw_dtype=kind)
         else:
             w.add_tensor(gname, np.ascontiguousarray(data, dtype=np.float32))
     w.write_header_to_file()

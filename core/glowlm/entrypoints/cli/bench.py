@@ -79,15 +79,35 @@ def _context(engine: Any) -> dict[str, Any]:
             "model": str(engine.config.model)}
 
 
+def _prepared_bytes(prepared: Any) -> int:
+    """Bytes of the tensors a quantized method prepared (``layer.quant_weight``)."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(prepared, torch.Tensor):
+        return prepared.nbytes
+    if dataclasses.is_dataclass(prepared):
+        return sum(_prepared_bytes(getattr(prepared, f.name))
+                   for f in dataclasses.fields(prepared))
+    if isinstance(prepared, (tuple, list)):
+        return sum(_prepared_bytes(p) for p in prepared)
+    return 0
+
+
 def weight_bytes(engine: Any) -> int:
-    """Bytes of weights read per decode step (tied embeddings counted once, as the LM head)."""
+    """Bytes of weights read per decode step: parameters and quantized layers' prepared
+    weights, tied embeddings counted once, as the LM head (a dense embedding of its own
+    is a lookup, not a read)."""
     model = engine.setup.model
     embed = getattr(getattr(model, "model", model), "embed_tokens", None)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    tied = getattr(model, "tied", False) or getattr(model, "lm_head", None) is not None and \
-        embed is not None and model.lm_head.weight is embed.weight
-    if embed is not None and not tied:
-        total -= embed.weight.numel() * embed.weight.element_size()  # a lookup, not a read
+    total += sum(_prepared_bytes(m.quant_weight) for m in model.modules()
+                 if hasattr(m, "quant_weight"))
+    embed_w = getattr(embed, "weight", None)
+    head_w = getattr(getattr(model, "lm_head", None), "weight", None)
+    if embed_w is not None and embed_w is not head_w and not getattr(model, "tied", False):
+        total -= embed_w.numel() * embed_w.element_size()
     return total
 
 

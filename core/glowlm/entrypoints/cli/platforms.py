@@ -40,6 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def gguf_native_types() -> list[str]:
+    """The GGUF block types a platform implementing ``gguf`` runs without dequantizing."""
+    from glowlm.layers.quantization.gguf import NATIVE_TYPES
+
+    return list(NATIVE_TYPES)
+
+
 def host_from_args(args: argparse.Namespace) -> HostInfo:
     """The live host, or the recorded one the flags describe."""
     recorded = args.cpuinfo or args.sysctl or args.machine or args.system
@@ -95,6 +102,9 @@ def render_text(host: HostInfo, candidates: list[Candidate], selection: Selectio
         lines.append(f"  dtypes {', '.join(dtype_name(d) for d in caps.dtypes)} (first is the "
                      f"fallback); quantization {', '.join(caps.quantization) or 'none'}; "
                      f"kernels {', '.join(caps.kernels) or 'core reference'}")
+        if "gguf" in caps.quantization:
+            lines.append(f"  GGUF types run natively: {', '.join(gguf_native_types())} "
+                         "(linear layers and the LM head; GLOWLM_GGUF_NATIVE=0 dequantizes)")
         lines += [f"  note: {n}" for n in p.startup_notes()]
     lines.append("candidates (highest rank first; * = selected):")
     lines.append(f"    {'name':<10} {'rank':>4}  {'distribution':<20} {'ok':<4}reason")
@@ -109,6 +119,8 @@ def to_json(host: HostInfo, candidates: list[Candidate], selection: Selection | 
     if selection is not None:
         out = selection.to_json()
         out["notes"] = selection.platform.startup_notes()
+        out["gguf_native_types"] = (gguf_native_types() if "gguf" in
+                                    selection.platform.capabilities.quantization else [])
     else:
         out = {"selected": None, "error": str(error),
                "candidates": [c.to_json() for c in candidates]}

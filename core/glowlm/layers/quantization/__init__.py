@@ -59,6 +59,17 @@ class QuantizationConfig:
         """The method for the linear layer at ``prefix``, or None to leave it dense."""
         raise NotImplementedError
 
+    def lm_head_method(self, prefix: str) -> LinearMethod | None:
+        """The method of the LM head at ``prefix``; None (the default) keeps it dense.
+
+        Only a format whose files store the head quantized says otherwise: GGUF (its
+        ``output``/tied ``token_embd`` blocks). AWQ, GPTQ and compressed-tensors
+        checkpoints keep a dense head, as their exporters write it. A method returned
+        here must also have ``lookup(layer, ids)``: a tied embedding reads its rows from
+        the head's quantized weight.
+        """
+        return None
+
 
 def registry(plugins: object | None = None
              ) -> dict[str, list[tuple[str, type[QuantizationConfig]]]]:

@@ -82,10 +82,20 @@ def quantize_activations(x: torch.Tensor, input_scale: float | None, zero_point:
     return q, torch.full((x.shape[0], 1), float(input_scale), dtype=torch.float32)
 
 
+def unpermute_columns(y: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
+    """Columns of an act-order weight (sorted by group, ``perm``) back in input order."""
+    if perm is None:
+        return y
+    out = torch.empty_like(y)
+    out[:, perm] = y
+    return out
+
+
 class QuantKernels:
     """The quantized matmuls; this base class is core's pure-PyTorch reference.
 
-    Subclasses (a plugin's compiled kernels) override all four methods; ``prepare_*``
+    Subclasses (a plugin's compiled kernels) override all four matmul methods, and
+    :meth:`weight_only_rows` when they repack (GGUF's tied LM head); ``prepare_*``
     runs once per layer after loading and may return any object, which is handed back
     to the call on every forward.
     """
@@ -103,6 +113,18 @@ class QuantKernels:
             x2 = x2.index_select(1, w.perm)
         y = F.linear(x2, w.dequantize(), None if bias is None else bias.float())
         return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+    def weight_only_rows(self, prepared: Any, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` (int64 [M]) of a prepared weight-only weight, float32 [M, K] in
+        the input's column order: what an embedding lookup tied to a quantized LM head
+        reads (GGUF), so no dense copy of the vocabulary is kept. A subclass whose
+        ``prepare_weight_only`` repacks overrides it to read its own layout."""
+        w: WeightOnlyInt = prepared
+        g = w.group_size
+        y = ((w.q.index_select(0, rows).float()
+              - w.zeros.index_select(0, rows).repeat_interleave(g, 1))
+             * w.scales.index_select(0, rows).repeat_interleave(g, 1))
+        return unpermute_columns(y, w.perm)
 
     def prepare_w8a8(self, w: Int8Weights) -> Any:
         return w
