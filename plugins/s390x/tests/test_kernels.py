@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from glowlm.plugin_api import from_dump
+from glowlm.testing import contract
 from glowlm.testing.hosts import HOSTS_DIR
 from glowlm_kernels.parts import OP_NAMES
 from glowlm_kernels.quant import QUANT_OP_NAMES
@@ -37,32 +38,12 @@ def test_the_live_cpu_picks_the_variant() -> None:
         is None
 
 
-def test_a_recorded_host_on_another_cpu_runs_reference_and_says_so(
+def test_on_another_cpu_it_runs_the_reference_and_says_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # A z15 recorded, replayed on an x86 CPU: its z15 module cannot run here.
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: from_dump(
-        HOSTS / "x86_64-icelake-xeon-8375c.cpuinfo"))
-    p = _platform(Z15)
-    assert p.ops().replaced() == []
-    assert p.attention_backend().name == "reference"
-    assert p.capabilities.kernels == ()
-    assert any("core's reference ops" in n for n in p.startup_notes())
-
-
-def test_quantized_methods_fall_back_to_the_reference_where_the_module_cannot_run(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The methods are declared; on a CPU that cannot run this module (this recorded host
-    replayed here) they run core's reference matmuls, never a missing op."""
-    from glowlm.plugin_api import REFERENCE_QUANT_KERNELS
+    """Ops, attention and the declared quantized methods fall back to core's
+    reference where the module cannot run (a z15 recorded, replayed on an x86 CPU)."""
     from glowlm_s390x.quant import quantization_configs
 
     monkeypatch.setattr("glowlm.platforms.host.live", lambda: from_dump(
         HOSTS / "x86_64-icelake-xeon-8375c.cpuinfo"))
-    p = _platform(Z15)
-    configs = quantization_configs()
-    assert {c.name for c in configs} >= set(p.capabilities.quantization)
-    for cls in configs:
-        assert cls.supports(p)
-        config = cls.__new__(cls)
-        config.platform = p
-        assert config.kernels() is REFERENCE_QUANT_KERNELS
+    contract.check_reference_fallback(_platform(Z15), quantization_configs())
