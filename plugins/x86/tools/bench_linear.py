@@ -9,8 +9,11 @@ flags and runs it: in one process, the read bandwidth of the llama-1b decode mat
 weight-read rate on the same matrices, fp32 path and (AVX512_BF16) bf16 dot-product
 path, M = 1 and 4, and each one's share of the read (docs/performance.md). Arguments
 after ``--`` go to the program (``--reps``, ``--shapes NxK,...``, ``--dtypes``,
-``--min-mib``). The CPU model, its vector flags and the load average are printed with
-the figures, since they vary between hosts and minutes.
+``--min-mib``). ``--program quant`` runs ``csrc/test/bench_quant.cpp`` instead: the
+quantized kernels (4-bit g128 bf16-dot and fp32 paths, 8-bit weight-only, W8A8) on the
+same shapes against the read of their packed bytes (``--formats w4,w8,w8a8``).
+The CPU model, its vector flags and the load average are printed with the figures, since
+they vary between hosts and minutes.
 """
 
 from __future__ import annotations
@@ -63,23 +66,28 @@ def host_line() -> str:
     return f"cpu: {model}, {os.cpu_count()} cpus, flags: {have}; load average: {load}"
 
 
-def run_native(isa: str, threads: int, extra: list[str]) -> None:
-    """Build bench_gemv.cpp for the x86 variant ``isa`` (cached by command and sources)
-    and run it with ``threads`` OpenMP threads."""
+def run_native(isa: str, threads: int, extra: list[str], program: str = "gemv") -> None:
+    """Build csrc/test/bench_{program}.cpp for the x86 variant ``isa`` (cached by command
+    and sources) and run it with ``threads`` OpenMP threads."""
     from glowlm.plugin_api import core_env
     from glowlm_kernels.build import CSRC, VARIANTS, compiler, program_command
 
-    source = CSRC / "test" / "bench_gemv.cpp"
+    source = CSRC / "test" / f"bench_{program}.cpp"
     cxx = compiler() or "g++"
-    h = hashlib.sha256(" ".join(program_command(VARIANTS["x86"][isa], source, Path("-"),
-                                                cxx)).encode())
-    for path in sorted([source, *(CSRC / "cpu").glob("*.h"), *(CSRC / "arch").glob("*.h")]):
+    # bench_quant compiles csrc/torch/quant_linear.cpp over the contract driver's ATen subset.
+    includes = (CSRC / "test" / "aten_shim",) if program == "quant" else ()
+
+    def command(out: Path) -> list[str]:
+        return program_command(VARIANTS["x86"][isa], source, out, cxx, includes=includes)
+
+    h = hashlib.sha256(" ".join(command(Path("-"))).encode())
+    for path in sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp")):
         h.update(path.read_bytes())
-    exe = Path(core_env().kernel_cache) / "bench" / f"bench_gemv-{isa}-{h.hexdigest()[:16]}"
+    exe = Path(core_env().kernel_cache) / "bench" / f"bench_{program}-{isa}-{h.hexdigest()[:16]}"
     if not exe.exists():
         exe.parent.mkdir(parents=True, exist_ok=True)
         tmp = exe.with_suffix(".tmp")
-        subprocess.run(program_command(VARIANTS["x86"][isa], source, tmp, cxx), check=True)
+        subprocess.run(command(tmp), check=True)
         tmp.rename(exe)
     print(host_line(), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads or os.cpu_count() or 1)}
@@ -100,10 +108,12 @@ def main() -> None:
     ap.add_argument("--native", default="", metavar="ISA",
                     help="build and run the C++ read-bandwidth and GEMV bench for this x86 "
                          "ISA (avx2, avx512, avx512-bf16) instead; arguments after -- go to it")
+    ap.add_argument("--program", default="gemv", choices=("gemv", "quant"),
+                    help="with --native: the dense GEMV bench or the quantized kernels'")
     ap.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.native:
-        run_native(args.native, args.threads, args.extra)
+        run_native(args.native, args.threads, args.extra, args.program)
         return
     if args.threads:
         torch.set_num_threads(args.threads)

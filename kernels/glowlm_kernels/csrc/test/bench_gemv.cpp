@@ -21,115 +21,30 @@
 //
 // Built and run by plugins/x86/tools/bench_linear.py --native ISA (the variant's flags
 // from glowlm_kernels.build); OMP_NUM_THREADS sets the threads (default: all cores).
-#include <sys/mman.h>
-
-#include <algorithm>
-#include <chrono>
+#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cpu/gemv.h"
+#include "test/bench_util.h"  // timing, read bandwidth, 2 MiB-page copies (shared)
 
 namespace {
 
 using namespace glowlm;
 using namespace glowlm::vec;
-
-constexpr int64_t kHugePage = 2 << 20;
-constexpr int kReadAcc = 8;  // independent sums: the read is never latency bound
-constexpr int64_t kReadChunkBytes = 256 << 10;  // a GEMV chunk of 64 rows of 4 KiB
-
-volatile float g_sink;  // keeps the read's sums alive
-
-// A 2 MiB-aligned anonymous mapping advised MADV_HUGEPAGE (THP "madvise" or "always").
-struct HugeBuffer {
-  void* base = nullptr;
-  size_t mapped = 0;
-  char* data = nullptr;
-
-  explicit HugeBuffer(size_t bytes) {
-    mapped = bytes + kHugePage;
-    base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) {
-      std::perror("mmap");
-      std::exit(1);
-    }
-    madvise(base, mapped, MADV_HUGEPAGE);
-    const uintptr_t p = reinterpret_cast<uintptr_t>(base);
-    data = reinterpret_cast<char*>((p + kHugePage - 1) / kHugePage * kHugePage);
-  }
-  ~HugeBuffer() { munmap(base, mapped); }
-  HugeBuffer(const HugeBuffer&) = delete;
-  HugeBuffer& operator=(const HugeBuffer&) = delete;
-};
-
-// AnonHugePages of this process in KiB (/proc/self/smaps_rollup), -1 if unreadable.
-int64_t anon_huge_kib() {
-  std::ifstream f("/proc/self/smaps_rollup");
-  std::string key;
-  int64_t value;
-  while (f >> key) {
-    if (key == "AnonHugePages:" && f >> value) return value;
-  }
-  return -1;
-}
-
-// Sum of a whole matrix with all threads: chunks of kReadChunkBytes, each one stream.
-void read_matrix(const char* p, int64_t bytes) {
-  const int64_t chunks = (bytes + kReadChunkBytes - 1) / kReadChunkBytes;
-  static std::vector<float> sums;  // one caller at a time; the workers write their chunks
-  sums.assign(static_cast<size_t>(chunks), 0.0f);
-  parallel_chunks(chunks, [&](int64_t c) {
-    const float* f = reinterpret_cast<const float*>(p + c * kReadChunkBytes);
-    const int64_t n = std::min(kReadChunkBytes, bytes - c * kReadChunkBytes) /
-                      static_cast<int64_t>(sizeof(float));
-    VecF acc[kReadAcc];
-    GLOWLM_UNROLL for (int a = 0; a < kReadAcc; ++a) acc[a] = zero();
-    for (int64_t i = 0; i + kReadAcc * W <= n; i += kReadAcc * W) {
-      GLOWLM_UNROLL for (int a = 0; a < kReadAcc; ++a) acc[a] = add(acc[a], load(f + i + a * W));
-    }
-    for (int a = 1; a < kReadAcc; ++a) acc[0] = add(acc[0], acc[a]);
-    sums[c] = reduce_add(acc[0]);
-  });
-  g_sink = sums[0];
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-struct Config {
-  std::string name;
-  std::function<void(const char* w)> run;  // one call on one copy of the matrix
-  std::vector<double> gbs;
-};
+using namespace glowlm::bench;
 
 template <typename WT>
 void bench_shape(int64_t N, int64_t K, const char* dtype, int reps, int64_t min_bytes) {
   const int64_t bytes = N * K * static_cast<int64_t>(sizeof(WT));
-  const int64_t stride = (bytes + 4095) / 4096 * 4096;  // tensors 4 KiB apart, as the engine
-  const int64_t copies = std::max<int64_t>(2, (min_bytes + bytes - 1) / bytes);
-  HugeBuffer buf(static_cast<size_t>(copies * stride));
   std::mt19937 gen(0);
   std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(K)));
-  {  // one random matrix, copied: the values do not matter, the bytes read do
-    std::vector<WT> w(static_cast<size_t>(N * K));
-    for (auto& v : w) v = from_float<WT>(normal(gen));
-    for (int64_t c = 0; c < copies; ++c) std::memcpy(buf.data + c * stride, w.data(), bytes);
-  }
-  const int64_t huge_kib = anon_huge_kib();
+  const Copies mats(bytes, min_bytes, [&](char* p) {
+    WT* w = reinterpret_cast<WT*>(p);
+    for (int64_t i = 0; i < N * K; ++i) w[i] = from_float<WT>(normal(gen));
+  });
   constexpr int64_t kMaxM = 4;
   std::vector<float> xf(kMaxM * K), xbuf(kMaxM * K), y(kMaxM * N);
   std::vector<WT> x(kMaxM * K);
@@ -140,7 +55,6 @@ void bench_shape(int64_t N, int64_t K, const char* dtype, int reps, int64_t min_
     xb[i] = from_float<bf16>(to_float(x[i]));
   }
   std::vector<Config> configs;
-  configs.push_back({"read", [&](const char* w) { read_matrix(w, bytes); }, {}});
   for (int64_t M : {1, 4}) {
     const std::string m = " M=" + std::to_string(M);
     configs.push_back({"f32" + m, [&, M](const char* w) {
@@ -155,27 +69,7 @@ void bench_shape(int64_t N, int64_t K, const char* dtype, int reps, int64_t min_
     }
 #endif
   }
-  for (int r = -1; r < reps; ++r) {  // r = -1: warm-up (page faults, thread start)
-    for (Config& c : configs) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < copies; ++i) c.run(buf.data + i * stride);
-      const double s = seconds_since(t0);
-      if (r >= 0) c.gbs.push_back(static_cast<double>(copies * bytes) / s / 1e9);
-    }
-  }
-  std::printf("%-5s %6lldx%-5lld %lld copies of %.1f MiB, %.0f %% in huge pages\n", dtype,
-              static_cast<long long>(N), static_cast<long long>(K),
-              static_cast<long long>(copies), bytes / 1048576.0,
-              100.0 * huge_kib * 1024.0 / static_cast<double>(copies * stride));
-  const double read = median(configs[0].gbs);
-  for (const Config& c : configs) {
-    const double g = median(c.gbs);
-    const auto [lo, hi] = std::minmax_element(c.gbs.begin(), c.gbs.end());
-    std::printf("%-5s %6lldx%-5lld %-11s %6.1f GB/s  (%5.1f-%5.1f)  %5.1f %% of read  "
-                "%8.1f us/call\n", dtype, static_cast<long long>(N), static_cast<long long>(K),
-                c.name.c_str(), g, *lo, *hi, 100.0 * g / read, bytes / g / 1e3);
-  }
-  std::fflush(stdout);
+  run_round_robin(dtype, N, K, mats, std::move(configs), reps);
 }
 
 }  // namespace
@@ -202,15 +96,7 @@ int main(int argc, char** argv) {
     } else if (a == "--dtypes") {
       dtypes = next();
     } else if (a == "--shapes") {  // NxK,NxK,...
-      shapes.clear();
-      std::string s = next();
-      for (size_t p = 0; p < s.size();) {
-        const size_t e = std::min(s.find(',', p), s.size());
-        const std::string t = s.substr(p, e - p);
-        const size_t xpos = t.find('x');
-        shapes.emplace_back(std::stoll(t.substr(0, xpos)), std::stoll(t.substr(xpos + 1)));
-        p = e + 1;
-      }
+      shapes = parse_shapes(next());
     } else {
       std::fprintf(stderr,
                    "usage: %s [--reps R] [--min-mib MiB] [--dtypes bf16,f32] "

@@ -72,9 +72,18 @@ class Tensor {
   Tensor() = default;
   Tensor(std::vector<int64_t> shape, ScalarType dt) : shape_(std::move(shape)), dt_(dt) {
     buf_ = std::make_shared<std::vector<unsigned char>>(numel() * element_size(dt));
+    data_ = buf_->data();
+  }
+  // A tensor over memory it does not own (bench_quant.cpp: weights in 2 MiB pages).
+  static Tensor view(void* data, std::vector<int64_t> shape, ScalarType dt) {
+    Tensor t;
+    t.shape_ = std::move(shape);
+    t.dt_ = dt;
+    t.data_ = static_cast<unsigned char*>(data);
+    return t;
   }
 
-  bool defined() const { return buf_ != nullptr; }
+  bool defined() const { return buf_ != nullptr || data_ != nullptr; }
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
   int64_t size(int64_t d) const { return shape_.at(d < 0 ? d + dim() : d); }
   const std::vector<int64_t>& sizes() const { return shape_; }
@@ -91,9 +100,9 @@ class Tensor {
   template <typename T>
   T* data_ptr() const {
     if (type_of<T>() != dt_) throw std::runtime_error("data_ptr: wrong dtype");
-    return reinterpret_cast<T*>(buf_->data());
+    return reinterpret_cast<T*>(data_);
   }
-  void* data_ptr() const { return buf_->data(); }
+  void* data_ptr() const { return data_; }
 
   // A converted copy (float, bf16, fp16); the same tensor when the dtype already matches.
   Tensor to(ScalarType t) const {
@@ -113,7 +122,7 @@ class Tensor {
   }
 
   float get(int64_t i) const {
-    const unsigned char* p = buf_->data();
+    const unsigned char* p = data_;
     switch (dt_) {
       case kFloat: return reinterpret_cast<const float*>(p)[i];
       case kBFloat16: return glowlm::vec::to_float(reinterpret_cast<const glowlm::bf16*>(p)[i]);
@@ -124,7 +133,7 @@ class Tensor {
     }
   }
   void set(int64_t i, float v) {
-    unsigned char* p = buf_->data();
+    unsigned char* p = data_;
     switch (dt_) {
       case kFloat: reinterpret_cast<float*>(p)[i] = v; break;
       case kBFloat16:
@@ -140,7 +149,8 @@ class Tensor {
   }
 
  private:
-  std::shared_ptr<std::vector<unsigned char>> buf_;
+  std::shared_ptr<std::vector<unsigned char>> buf_;  // owned storage (empty for a view)
+  unsigned char* data_ = nullptr;
   std::vector<int64_t> shape_;
   ScalarType dt_ = kFloat;
 };

@@ -1,0 +1,170 @@
+// Decode rate of the quantized linear kernels against the read bandwidth of the same
+// bytes, in one process (torch-free: csrc/torch/quant_linear.cpp over test/aten_shim,
+// as the contract driver compiles it, so this times the code the modules ship).
+//
+// Why: at decode every packed weight byte is read once per token, so a quantized
+// kernel's figure of merit is, as the dense GEMV's (bench_gemv.cpp), the share of a
+// plain read of its bytes that it reaches; a 4-bit kernel at 30 GB/s on a host that
+// reads 55 GB/s is compute or latency bound, not bandwidth bound. For each llama-1b
+// decode shape (N x K) and format, enough copies of the packed matrix (weights, then
+// its scales / sums 64 bytes on) to exceed the last-level cache many times, in 2 MiB
+// pages (test/bench_util.h), timed round-robin per repetition:
+//   read          a plain read of the packed bytes (all threads, parallel_chunks);
+//   w4 bf16dot    wna16_linear, 4 bits, symmetric, group 128, float16 scales (the
+//                 compressed-tensors W4A16 layout after packing), bf16 x: the pairwise
+//                 bf16 dot-product tile (AVX512_BF16 / Arm BF16 builds only);
+//   w4 f32        the same weights, fp32 x: the fp32 tile (every ISA);
+//   w8 ...        wna16_linear, 8 bits, symmetric, group 128, float16 scales, bf16 x;
+//   w8a8 ...      w8a8_linear, dynamic per-token activation scale, bf16 x (vpdpbusd
+//                 with AVX512_VNNI),
+// at M = 1 and 4 token rows, each a whole op call (x conversion / quantization, group
+// sums, output) as the engine makes it. GB/s counts the packed bytes (weights + scales).
+//
+// Built and run by plugins/x86/tools/bench_linear.py --native ISA --program quant;
+// OMP_NUM_THREADS sets the threads (default: all cores).
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test/bench_util.h"  // timing, read bandwidth, 2 MiB-page copies (shared)
+#include "torch/quant_linear.cpp"  // the kernels, over test/aten_shim
+
+namespace {
+
+using namespace glowlm;
+using namespace glowlm::bench;
+
+constexpr int64_t kGroup = 128;
+constexpr int64_t kMaxM = 4;
+
+int64_t align64(int64_t n) { return (n + 63) / 64 * 64; }
+
+// Activations: kMaxM rows of K, bf16 and fp32 (the same values).
+struct Activations {
+  at::Tensor bf[kMaxM + 1], f32[kMaxM + 1];  // by M
+  Activations(int64_t K, std::mt19937& gen) {
+    std::normal_distribution<float> unit(0.0f, 1.0f);
+    std::vector<float> v(kMaxM * K);
+    for (float& f : v) f = unit(gen);
+    for (int64_t M : {int64_t{1}, kMaxM}) {
+      bf[M] = at::empty({M, K}, {at::kBFloat16});
+      f32[M] = at::empty({M, K}, {at::kFloat});
+      for (int64_t i = 0; i < M * K; ++i) {
+        bf[M].set(i, v[i]);
+        f32[M].set(i, bf[M].get(i));  // the bf16 values: both paths see the same x
+      }
+    }
+  }
+};
+
+// Weight-only, `bits` bits, symmetric (no zero * scale), float16 scales [N/16][G][16].
+void bench_weight_only(int bits, int64_t N, int64_t K, int reps, int64_t min_bytes,
+                       const Activations& xs) {
+  const int64_t G = K / kGroup, wbytes = N * K * bits / 8, soff = align64(wbytes);
+  const int64_t bytes = soff + N * G * 2;
+  std::mt19937 gen(1);
+  const Copies mats(bytes, min_bytes, [&](char* p) {
+    for (int64_t i = 0; i < wbytes; ++i) p[i] = static_cast<char>(gen());
+    fp16* s = reinterpret_cast<fp16*>(p + soff);
+    for (int64_t i = 0; i < N * G; ++i) s[i] = vec::from_float<fp16>(0.01f + 1e-5f * (gen() % 64));
+  });
+  const at::Tensor zs = at::empty({0}, {at::kHalf});
+  auto call = [&, bits, N, K, G](const char* p, const at::Tensor& x) {
+    char* q = const_cast<char*>(p);
+    const at::Tensor w = at::Tensor::view(q, {wbytes}, at::kByte);
+    const at::Tensor s = at::Tensor::view(q + soff, {N / 16, G, 16}, at::kHalf);
+    wna16_linear(x, w, s, zs, bits, kGroup, N, std::nullopt);
+  };
+  std::vector<Config> configs;
+  for (int64_t M : {int64_t{1}, kMaxM}) {
+    const std::string m = " M=" + std::to_string(M);
+#if defined(GLOWLM_VEC_BF16DOT)
+    if (bits == 4) configs.push_back({"bf16dot" + m, [&, M](const char* p) { call(p, xs.bf[M]); }, {}});
+#endif
+    if (bits == 4) configs.push_back({"f32" + m, [&, M](const char* p) { call(p, xs.f32[M]); }, {}});
+    else configs.push_back({"bf16 x" + m, [&, M](const char* p) { call(p, xs.bf[M]); }, {}});
+  }
+  run_round_robin(bits == 4 ? "w4g128" : "w8g128", N, K, mats, std::move(configs), reps);
+}
+
+// W8A8: int8 [N/16][K/4][16][4], then float32 wscale [N] and int32 wsum [N].
+void bench_w8a8(int64_t N, int64_t K, int reps, int64_t min_bytes, const Activations& xs) {
+  const int64_t wbytes = N * K, soff = align64(wbytes), moff = soff + align64(N * 4);
+  const int64_t bytes = moff + N * 4;
+  std::mt19937 gen(2);
+  const Copies mats(bytes, min_bytes, [&](char* p) {
+    for (int64_t i = 0; i < wbytes; ++i) p[i] = static_cast<char>(gen());
+    float* s = reinterpret_cast<float*>(p + soff);
+    int32_t* sum = reinterpret_cast<int32_t*>(p + moff);
+    for (int64_t i = 0; i < N; ++i) {
+      s[i] = 1e-3f;
+      sum[i] = 0;
+    }
+  });
+  auto call = [&, N, K](const char* p, const at::Tensor& x) {
+    char* q = const_cast<char*>(p);
+    w8a8_linear(x, at::Tensor::view(q, {N / 16, K / 4, 16, 4}, at::kChar),
+                at::Tensor::view(q + soff, {N}, at::kFloat),
+                at::Tensor::view(q + moff, {N}, at::kInt), 0.0, 0, N, std::nullopt);
+  };
+  std::vector<Config> configs;
+  for (int64_t M : {int64_t{1}, kMaxM})
+    configs.push_back({"bf16 x M=" + std::to_string(M),
+                       [&, M](const char* p) { call(p, xs.bf[M]); }, {}});
+  run_round_robin("w8a8", N, K, mats, std::move(configs), reps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 7;
+  int64_t min_mib = 512;
+  // q/o, k/v, fused qkv, gate|up, down of llama-1b (hidden 2048, intermediate 8192).
+  std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {2048, 2048}, {512, 2048}, {3072, 2048}, {16384, 2048}, {2048, 8192}};
+  std::string formats = "w4,w8,w8a8";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--reps") {
+      reps = std::stoi(next());
+    } else if (a == "--min-mib") {
+      min_mib = std::stoll(next());
+    } else if (a == "--formats") {
+      formats = next();
+    } else if (a == "--shapes") {  // NxK,NxK,...
+      shapes = parse_shapes(next());
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--reps R] [--min-mib MiB] [--formats w4,w8,w8a8] "
+                   "[--shapes NxK,...]\n", argv[0]);
+      return 2;
+    }
+  }
+#if defined(GLOWLM_VEC_BF16DOT)
+  constexpr int bf16dot = 1;
+#else
+  constexpr int bf16dot = 0;
+#endif
+  std::printf("isa %s W %d bf16dot %d threads %d reps %d copies >= %lld MiB per shape\n",
+              vec::kIsa, vec::W, bf16dot, num_threads(), reps, static_cast<long long>(min_mib));
+  auto has = [&](const std::string& f) {  // whole entries of the comma list
+    return ("," + formats + ",").find("," + f + ",") != std::string::npos;
+  };
+  for (const auto& [N, K] : shapes) {
+    std::mt19937 gen(0);
+    const Activations xs(K, gen);
+    const int64_t min_bytes = min_mib << 20;
+    if (has("w4")) bench_weight_only(4, N, K, reps, min_bytes, xs);
+    if (has("w8")) bench_weight_only(8, N, K, reps, min_bytes, xs);
+    if (has("w8a8")) bench_w8a8(N, K, reps, min_bytes, xs);
+  }
+  return 0;
+}
