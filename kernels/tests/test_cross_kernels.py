@@ -218,8 +218,10 @@ def _quant_cases(c: Cases, gen: torch.Generator) -> None:
     # not divisible by the accumulator sets (20 columns: 5 units), 8-bit column pairs.
     # m 1, 2, 4 and 7 take the 1-, 2- and 4-token tiles and their tails. "sym": zero
     # points all 2**(bits-1) and float16-exact scales, which the packing may store as
-    # float16 and without a zero * scale tensor (then the kernel derives it).
-    shapes = ((4, 40, 64, 32), (4, 24, 40, 20), (8, 24, 64, 64))
+    # float16 and without a zero * scale tensor (then the kernel derives it). N = 600:
+    # decode's work split on AVX-512 (4 blocks 4 apart in chunks of 256 rows, then single
+    # blocks, the last one partial).
+    shapes = ((4, 40, 64, 32), (4, 24, 40, 20), (8, 24, 64, 64), (4, 600, 64, 32))
     for (bits, n, k, group), dt, sym in itertools.product(shapes, DTYPES, (False, True)):
         for m in ((1, 7) if dt != torch.bfloat16 else (1, 2, 4, 7)):
             q = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)

@@ -96,6 +96,33 @@ def test_weight_only_compact_scales(kernels, bits: int, dtype: torch.dtype, symm
         2e-6 if dtype == torch.float32 else 8e-3)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n", [256, 600, 1040])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_only_decode_work_split(kernels, bits: int, n: int, dtype: torch.dtype) -> None:
+    """Decode (one token row) takes 4 blocks of 16 rows 4 blocks apart per work item on
+    AVX-512, in chunks of 256 rows; the blocks after the last whole chunk go one per item.
+    256 rows: one whole chunk; 600: two chunks and 6 single blocks, the last one partial;
+    1040: four chunks and one block. Each row must land where the reference puts it, and
+    two token rows (the prefill tiles: adjacent blocks) must agree with one at a time."""
+    g = torch.Generator().manual_seed(bits * 7 + n)
+    k, group = 256, 128
+    q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
+    scales = torch.rand(n, k // group, generator=g) * 0.02 + 1e-3
+    zeros = torch.randint(0, 1 << bits, (n, k // group), generator=g).float()
+    w = WeightOnlyInt(q, scales, zeros, bits, group)
+    p = kernels.prepare_weight_only(w)
+    x = torch.randn(2, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    tol = 2e-6 if dtype == torch.float32 else 8e-3
+    both = kernels.weight_only(x, p, bias)
+    for i in range(2):
+        row = kernels.weight_only(x[i:i + 1], p, bias)
+        assert row.shape == (1, n)
+        assert _rel_err(row, REFERENCE_KERNELS.weight_only(x[i:i + 1], w, bias)) < tol
+        assert _rel_err(row, both[i:i + 1]) < tol
+
+
 def test_weight_only_act_order_perm(kernels) -> None:
     g = torch.Generator().manual_seed(7)
     perm = torch.randperm(64, generator=g)
@@ -107,7 +134,9 @@ def test_weight_only_act_order_perm(kernels) -> None:
 
 
 @pytest.mark.parametrize("m", TOKENS)
-@pytest.mark.parametrize("n, k", [(40, 66), (64, 128), (130, 64), (16, 4)])
+# k: whole and partial 16-value vectors of the activation quantization, a scalar-only row
+# (4), a long row with a tail (2051: 128 vectors and 3 values, padded to 2052).
+@pytest.mark.parametrize("n, k", [(40, 66), (64, 128), (130, 64), (16, 4), (32, 2051)])
 @pytest.mark.parametrize("static", [None, (0.02, 0), (0.03, 5)])
 def test_w8a8_matches_reference(kernels, m: int, n: int, k: int,
                                 static: tuple[float, int] | None) -> None:
