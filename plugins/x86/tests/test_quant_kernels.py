@@ -100,11 +100,11 @@ def test_weight_only_compact_scales(kernels, bits: int, dtype: torch.dtype, symm
 @pytest.mark.parametrize("n", [256, 600, 1040])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_weight_only_decode_work_split(kernels, bits: int, n: int, dtype: torch.dtype) -> None:
-    """Decode (one token row) takes 4 blocks of 16 rows 4 blocks apart per work item on
+    """Decode (1-3 token rows) takes 4 blocks of 16 rows 4 blocks apart per work item on
     AVX-512, in chunks of 256 rows; the blocks after the last whole chunk go one per item.
     256 rows: one whole chunk; 600: two chunks and 6 single blocks, the last one partial;
     1040: four chunks and one block. Each row must land where the reference puts it, and
-    two token rows (the prefill tiles: adjacent blocks) must agree with one at a time."""
+    1 and 3 token rows (the 1- and 2-row tiles) must agree with 4 (adjacent blocks)."""
     g = torch.Generator().manual_seed(bits * 7 + n)
     k, group = 256, 128
     q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
@@ -112,15 +112,15 @@ def test_weight_only_decode_work_split(kernels, bits: int, n: int, dtype: torch.
     zeros = torch.randint(0, 1 << bits, (n, k // group), generator=g).float()
     w = WeightOnlyInt(q, scales, zeros, bits, group)
     p = kernels.prepare_weight_only(w)
-    x = torch.randn(2, k, generator=g).to(dtype)
+    x = torch.randn(4, k, generator=g).to(dtype)
     bias = torch.randn(n, generator=g).to(dtype)
     tol = 2e-6 if dtype == torch.float32 else 8e-3
-    both = kernels.weight_only(x, p, bias)
-    for i in range(2):
-        row = kernels.weight_only(x[i:i + 1], p, bias)
-        assert row.shape == (1, n)
-        assert _rel_err(row, REFERENCE_KERNELS.weight_only(x[i:i + 1], w, bias)) < tol
-        assert _rel_err(row, both[i:i + 1]) < tol
+    four = kernels.weight_only(x, p, bias)
+    for m in (1, 3):
+        rows = kernels.weight_only(x[:m], p, bias)
+        assert rows.shape == (m, n)
+        assert _rel_err(rows, REFERENCE_KERNELS.weight_only(x[:m], w, bias)) < tol
+        assert _rel_err(rows, four[:m]) < tol
 
 
 def test_weight_only_act_order_perm(kernels) -> None:

@@ -150,14 +150,16 @@ inline void store_rows(const float (&yv)[MT][NB * kRows], int64_t b0, int64_t bs
 
 // How the weight-only kernels split their work: items of NB blocks bs apart, and token
 // rows in chunks of 64 (long prefills: so both threads work when N is small). Decode
-// (M = 1) takes kDecodeNB blocks kDecodeStep apart on AVX-512 (64 rows from 4 x 256
-// rows of the matrix): one token row does little arithmetic per weight byte, so what
-// bounds it is how many cache lines are in flight, and 4 far-apart sequential streams
+// (M <= 3) takes kDecodeNB blocks kDecodeStep apart on AVX-512 (64 rows from 4 x 256
+// rows of the matrix): a few token rows do little arithmetic per weight byte, so what
+// bounds them is how many cache lines are in flight, and 4 far-apart sequential streams
 // per thread keep more in flight than 2 adjacent blocks (the dense GEMV's finding,
-// cpu/gemv.h; bench_quant.cpp, one thread, 4-bit g128 bf16-dot, llama-1b shapes: 2
-// adjacent blocks 65-80 % of a plain read, 4 adjacent 74-90 %, 4 blocks 4 apart 88-92 %;
-// 2 blocks 8 apart 71-90 %). Prefill tiles (M > 1) keep 2 adjacent blocks (32 rows):
-// 4 token rows already give them enough work per byte. 8-lane ISAs: one block per item
+// cpu/gemv.h; bench_quant.cpp, one thread, 4-bit g128 bf16-dot, llama-1b shapes, M = 1:
+// 2 adjacent blocks 65-80 % of a plain read, 4 adjacent 74-90 %, 4 blocks 4 apart
+// 88-92 %, 2 blocks 8 apart 71-90 %; M = 2: 56-75 % -> 88-94 %; M = 3: 41-51 % ->
+// 56-63 %, and the fp32 tiles gain too). From 4 token rows on the tiles keep 2 adjacent
+// blocks (32 rows): the bf16-dot tile is bound by its dot products there, and 4 rows x 4
+// blocks of accumulators would not fit the 32 registers. 8-lane ISAs: one block per item
 // (a block is already two registers of each accumulator).
 constexpr int kPrefillNB = kVecs == 1 ? 2 : 1;
 constexpr int kDecodeNB = kVecs == 1 ? 4 : 1;
@@ -184,7 +186,7 @@ void block_items(int64_t M, int64_t blocks, int64_t bs, const F& rows) {
 
 template <typename F>
 void weight_only_items(int64_t M, int64_t blocks, const F& rows) {
-  if (M == 1) block_items<kDecodeNB>(M, blocks, kDecodeStep, rows);
+  if (M <= 3) block_items<kDecodeNB>(M, blocks, kDecodeStep, rows);
   else block_items<kPrefillNB>(M, blocks, 1, rows);
 }
 
