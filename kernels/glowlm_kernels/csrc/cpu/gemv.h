@@ -198,6 +198,19 @@ void gemv_f32(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64
 // result is gemv_f32's on the same inputs up to the order (and, on Arm, the rounding
 // mode) of the fp32 additions. Against gemv_f32 it does per 64 weight bytes one load and
 // one dot2 per token row instead of two converting loads and two FMAs.
+//
+// Why it is faster although decode is bound by memory: the fewer instructions per cache
+// line, the more lines the out-of-order window keeps in flight. On the Zen 5 host of
+// issue 17 (2 vCPUs, plain read of the same matrices 37-46 GB/s, bench_gemv.cpp) one
+// token row already streams at the read rate on either path (91-111 % of the read's
+// median), but four token rows (four dot2 or, on the fp32 path, eight FMAs per line)
+// fell to 60-85 % on the fp32 path against 74-99 % here. With one thread, where one core
+// must carry the whole read, M = 1 ran at 84 % (fp32 path) and 94 % (this one). Tried on
+// this loop and not kept (quiet minute, 21 repetitions round-robin, 2048 x 8192 at
+// M = 4, read 45.5 GB/s, this walk 92 %): software prefetch of the long rows 512 B to
+// 4 KiB ahead (90-95 %, within the run's spread), eight streams per chunk (87 %), two
+// 4-row passes over the rows with 2-token tiles (91 %), two streams (73-75 %). So it
+// keeps gemv_f32's walk and tile sizes.
 inline void gemv_bf16(const bf16* x, int64_t M, int64_t K, const bf16* w, float* y, int64_t N) {
   gemv_walk<BF16DotOp>(x, M, K, w, y, N);
 }

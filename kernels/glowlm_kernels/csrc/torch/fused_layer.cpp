@@ -20,7 +20,9 @@
 namespace glowlm {
 namespace {
 
-// The same kernel choice as glowlm_x86.kernels.linear.dense_linear.
+// The same kernel choice as glowlm_x86.kernels.linear.dense_linear. bf16 layers (bf16
+// activations and weights) decode on the pairwise bf16 dot product where the module has
+// it (gemv -> cpu::gemv -> gemv_bf16: vdpbf16ps on AVX512_BF16), like the module path.
 at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const std::optional<at::Tensor>& b,
                   int64_t gemv_max_m) {
   return a.size(0) <= gemv_max_m ? gemv(a, w, b) : gemm(a, w, b);
