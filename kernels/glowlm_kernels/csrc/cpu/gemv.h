@@ -73,6 +73,7 @@ struct F32Op {
   using XT = float;
   using V = VecF;
   static constexpr int64_t kStep = W;  // k per vector
+  static constexpr bool kPrefetchLongTokenTile = false;  // see gemv_bf16
   static V wload(const WT* p) { return load(p); }
   static V xload(const float* p) { return load(p); }
   static VecF madd(VecF acc, V wv, V xv) { return fmadd(xv, wv, acc); }
@@ -83,6 +84,7 @@ struct BF16DotOp {
   using XT = bf16;
   using V = VecBF;
   static constexpr int64_t kStep = 2 * W;
+  static constexpr bool kPrefetchLongTokenTile = true;  // see gemv_bf16
   static V wload(const bf16* p) { return load_pairs(p); }
   static V xload(const bf16* p) { return load_pairs(p); }
   static VecF madd(VecF acc, V wv, V xv) { return dot2(acc, wv, xv); }
@@ -142,16 +144,16 @@ inline void gemv_tile(const typename Op::XT* x, int64_t K, const WT* w, int64_t 
 }
 
 // NR weight rows (ws apart, outputs ys apart) against all M token rows, kGemvMR at a
-// time. Only the first pass over the rows prefetches; later token rows find them in
-// L1/L2.
-template <typename Op, int NR, int U, bool PF, typename WT>
+// time. Only the first pass over the rows prefetches (PF; PFM for a first pass with
+// kGemvMR token rows); later token rows find them in L1/L2.
+template <typename Op, int NR, int U, bool PF, bool PFM = PF, typename WT>
 inline void gemv_rows(const typename Op::XT* x, int64_t M, int64_t K, const WT* w, int64_t ws,
                       float* y, int64_t ys, int64_t N) {
   constexpr int MR = kGemvMR;
   constexpr int U1 = U == 1 ? 1 : 4;  // one token row: more accumulators for ILP
   int64_t m = 0;
   for (; m + MR <= M; m += MR) {
-    if (m == 0) gemv_tile<Op, MR, NR, U, PF>(x, K, w, ws, y, ys, N);
+    if (m == 0) gemv_tile<Op, MR, NR, U, PFM>(x, K, w, ws, y, ys, N);
     else gemv_tile<Op, MR, NR, U, false>(x + m * K, K, w, ws, y + m * N, ys, N);
   }
   for (; m < M; ++m) {
@@ -178,7 +180,8 @@ void gemv_walk(const typename Op::XT* x, int64_t M, int64_t K, const WT* w, floa
     } else {  // rows begin + i + j * quarter, j < kNR, together
       const int64_t quarter = (end - begin) / kNR;
       for (; n < begin + quarter; ++n)
-        gemv_rows<Op, kNR, 1, false>(x, M, K, w + n * K, quarter * K, y + n, quarter, N);
+        gemv_rows<Op, kNR, 1, false, Op::kPrefetchLongTokenTile>(x, M, K, w + n * K,
+                                                                 quarter * K, y + n, quarter, N);
       n = begin + kNR * quarter;
     }
     for (; n < end; ++n) gemv_rows<Op, 1, 2, true>(x, M, K, w + n * K, K, y + n, 1, N);
@@ -207,10 +210,16 @@ void gemv_f32(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64
 // fell to 60-85 % on the fp32 path against 74-99 % here. With one thread, where one core
 // must carry the whole read, M = 1 ran at 84 % (fp32 path) and 94 % (this one). Tried on
 // this loop and not kept (quiet minute, 21 repetitions round-robin, 2048 x 8192 at
-// M = 4, read 45.5 GB/s, this walk 92 %): software prefetch of the long rows 512 B to
-// 4 KiB ahead (90-95 %, within the run's spread), eight streams per chunk (87 %), two
-// 4-row passes over the rows with 2-token tiles (91 %), two streams (73-75 %). So it
-// keeps gemv_f32's walk and tile sizes.
+// M = 4, read 45.5 GB/s, this walk 92 %): eight streams per chunk (87 %), two 4-row
+// passes over the rows with 2-token tiles (91 %), two streams (73-75 %), two
+// accumulator sets (59 % when the memory was fast). So it keeps gemv_f32's walk and tile
+// sizes, with one change: in minutes when the memory ran fast (read 58-70 GB/s, the
+// host's other tenants quiet) four token rows on long rows were bound by the core, not
+// the memory (bf16 dot 68-74 % of the read, fp32 path 55-59 %), and prefetching each
+// long-row stream kPrefetchBytes ahead in the first 4-token pass took them to 76-83 %
+// (llama-1b shapes, others' CPU 1 %; 512 B gained less, 2 KiB about the same; level in
+// minutes of slower reads). At one token row the same prefetch was level or slower (90-98 % against
+// 93-107 %), so the single-row tiles of long rows still do without.
 inline void gemv_bf16(const bf16* x, int64_t M, int64_t K, const bf16* w, float* y, int64_t N) {
   gemv_walk<BF16DotOp>(x, M, K, w, y, N);
 }
