@@ -204,22 +204,21 @@ void gemv_f32(const float* x, int64_t M, int64_t K, const WT* w, float* y, int64
 //
 // Why it is faster although decode is bound by memory: the fewer instructions per cache
 // line, the more lines the out-of-order window keeps in flight. On the Zen 5 host of
-// issue 17 (2 vCPUs, plain read of the same matrices 37-46 GB/s, bench_gemv.cpp) one
-// token row already streams at the read rate on either path (91-111 % of the read's
-// median), but four token rows (four dot2 or, on the fp32 path, eight FMAs per line)
-// fell to 60-85 % on the fp32 path against 74-99 % here. With one thread, where one core
-// must carry the whole read, M = 1 ran at 84 % (fp32 path) and 94 % (this one). Tried on
-// this loop and not kept (quiet minute, 21 repetitions round-robin, 2048 x 8192 at
-// M = 4, read 45.5 GB/s, this walk 92 %): eight streams per chunk (87 %), two 4-row
-// passes over the rows with 2-token tiles (91 %), two streams (73-75 %), two
-// accumulator sets (59 % when the memory was fast). So it keeps gemv_f32's walk and tile
-// sizes, with one change: in minutes when the memory ran fast (read 58-70 GB/s, the
-// host's other tenants quiet) four token rows on long rows were bound by the core, not
-// the memory (bf16 dot 68-74 % of the read, fp32 path 55-59 %), and prefetching each
-// long-row stream kPrefetchBytes ahead in the first 4-token pass took them to 76-83 %
-// (llama-1b shapes, others' CPU 1 %; 512 B gained less, 2 KiB about the same; level in
-// minutes of slower reads). At one token row the same prefetch was level or slower (90-98 % against
-// 93-107 %), so the single-row tiles of long rows still do without.
+// issue 17 (2 vCPUs, bench_gemv.cpp, llama-1b decode matrices, three runs, medians):
+// with the memory slow (read 38-46 GB/s) one token row streams at the read rate on
+// either path (91-102 %); with it fast (58-68 GB/s) this path stays at 80-98 % of the
+// read and the fp32 path falls to 76-88 %. Four token rows (four dot2 or, on the fp32
+// path, eight FMAs per line) reach 71-78 % against 50-59 % with a fast memory. With one
+// thread, where one core carries the whole read, M = 1 ran at 94 % against 84 %.
+// Tried on this loop and not kept (2048 x 8192 at M = 4, 21 repetitions round-robin,
+// read 45.5 GB/s, this walk 92 %): eight streams per chunk (87 %), two 4-row passes
+// over the rows with 2-token tiles (91 %), two streams (73-75 %); with a fast memory two
+// accumulator sets (59 % against 71 %). So it keeps gemv_f32's walk and tile sizes,
+// with one change: with a fast memory four token rows on long rows were bound by the
+// core (68-74 % of the read), and prefetching each long-row stream kPrefetchBytes ahead
+// in the first 4-token pass took them to 76-83 % (others' CPU 1 %; 512 B gained less,
+// 2 KiB about the same; level with a slow memory). At one token row the same prefetch
+// was level or slower (90-98 % against 93-107 %), so single-row tiles do without.
 inline void gemv_bf16(const bf16* x, int64_t M, int64_t K, const bf16* w, float* y, int64_t N) {
   gemv_walk<BF16DotOp>(x, M, K, w, y, N);
 }
