@@ -75,47 +75,12 @@ void bench_shape(int64_t N, int64_t K, const char* dtype, int reps, int64_t min_
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 7;
-  int64_t min_mib = 512;
-  std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {2048, 2048}, {512, 2048}, {16384, 2048}, {2048, 8192}, {32000, 2048}};
-  std::string dtypes = "bf16,f32";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--reps") {
-      reps = std::stoi(next());
-    } else if (a == "--min-mib") {
-      min_mib = std::stoll(next());
-    } else if (a == "--dtypes") {
-      dtypes = next();
-    } else if (a == "--shapes") {  // NxK,NxK,...
-      shapes = parse_shapes(next());
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--reps R] [--min-mib MiB] [--dtypes bf16,f32] "
-                   "[--shapes NxK,...]\n", argv[0]);
-      return 2;
-    }
-  }
-#if defined(GLOWLM_VEC_BF16DOT)
-  constexpr int bf16dot = 1;
-#else
-  constexpr int bf16dot = 0;
-#endif
-  std::printf("isa %s W %d bf16dot %d threads %d reps %d copies >= %lld MiB per shape\n",
-              kIsa, W, bf16dot, num_threads(), reps, static_cast<long long>(min_mib));
-  for (const auto& [N, K] : shapes) {
-    if (dtypes.find("bf16") != std::string::npos)
-      bench_shape<bf16>(N, K, "bf16", reps, min_mib << 20);
-    if (dtypes.find("f32") != std::string::npos)
-      bench_shape<float>(N, K, "f32", reps, min_mib << 20);
+  const BenchArgs args = parse_bench_args(
+      argc, argv, "--dtypes", "bf16,f32",
+      {{2048, 2048}, {512, 2048}, {16384, 2048}, {2048, 8192}, {32000, 2048}});
+  for (const auto& [N, K] : args.shapes) {
+    if (args.has("bf16")) bench_shape<bf16>(N, K, "bf16", args.reps, args.min_mib << 20);
+    if (args.has("f32")) bench_shape<float>(N, K, "f32", args.reps, args.min_mib << 20);
   }
   return 0;
 }

@@ -118,53 +118,17 @@ void bench_w8a8(int64_t N, int64_t K, int reps, int64_t min_bytes, const Activat
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 7;
-  int64_t min_mib = 512;
   // q/o, k/v, fused qkv, gate|up, down of llama-1b (hidden 2048, intermediate 8192).
-  std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {2048, 2048}, {512, 2048}, {3072, 2048}, {16384, 2048}, {2048, 8192}};
-  std::string formats = "w4,w8,w8a8";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--reps") {
-      reps = std::stoi(next());
-    } else if (a == "--min-mib") {
-      min_mib = std::stoll(next());
-    } else if (a == "--formats") {
-      formats = next();
-    } else if (a == "--shapes") {  // NxK,NxK,...
-      shapes = parse_shapes(next());
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--reps R] [--min-mib MiB] [--formats w4,w8,w8a8] "
-                   "[--shapes NxK,...]\n", argv[0]);
-      return 2;
-    }
-  }
-#if defined(GLOWLM_VEC_BF16DOT)
-  constexpr int bf16dot = 1;
-#else
-  constexpr int bf16dot = 0;
-#endif
-  std::printf("isa %s W %d bf16dot %d threads %d reps %d copies >= %lld MiB per shape\n",
-              vec::kIsa, vec::W, bf16dot, num_threads(), reps, static_cast<long long>(min_mib));
-  auto has = [&](const std::string& f) {  // whole entries of the comma list
-    return ("," + formats + ",").find("," + f + ",") != std::string::npos;
-  };
-  for (const auto& [N, K] : shapes) {
+  const BenchArgs args = parse_bench_args(
+      argc, argv, "--formats", "w4,w8,w8a8",
+      {{2048, 2048}, {512, 2048}, {3072, 2048}, {16384, 2048}, {2048, 8192}});
+  for (const auto& [N, K] : args.shapes) {
     std::mt19937 gen(0);
     const Activations xs(K, gen);
-    const int64_t min_bytes = min_mib << 20;
-    if (has("w4")) bench_weight_only(4, N, K, reps, min_bytes, xs);
-    if (has("w8")) bench_weight_only(8, N, K, reps, min_bytes, xs);
-    if (has("w8a8")) bench_w8a8(N, K, reps, min_bytes, xs);
+    const int64_t min_bytes = args.min_mib << 20;
+    if (args.has("w4")) bench_weight_only(4, N, K, args.reps, min_bytes, xs);
+    if (args.has("w8")) bench_weight_only(8, N, K, args.reps, min_bytes, xs);
+    if (args.has("w8a8")) bench_w8a8(N, K, args.reps, min_bytes, xs);
   }
   return 0;
 }

@@ -166,4 +166,59 @@ inline std::vector<std::pair<int64_t, int64_t>> parse_shapes(const std::string& 
   return shapes;
 }
 
+// The command line every bench takes: --reps R, --min-mib MiB (copies of each matrix,
+// so every timed call reads DRAM, not cache), --shapes NxK,... and one comma list of
+// its own (`list_flag`: bench_gemv's --dtypes, bench_quant's --formats). Bad flags are
+// a usage line and exit 2. Prints the header line the Python side parses.
+struct BenchArgs {
+  int reps = 7;
+  int64_t min_mib = 512;
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  std::string list;
+
+  // Whether `item` is a whole entry of the list.
+  bool has(const std::string& item) const {
+    return ("," + list + ",").find("," + item + ",") != std::string::npos;
+  }
+};
+
+inline BenchArgs parse_bench_args(int argc, char** argv, const std::string& list_flag,
+                                  std::string list,
+                                  std::vector<std::pair<int64_t, int64_t>> shapes) {
+  BenchArgs b;
+  b.list = std::move(list);
+  b.shapes = std::move(shapes);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--reps") {
+      b.reps = std::stoi(next());
+    } else if (a == "--min-mib") {
+      b.min_mib = std::stoll(next());
+    } else if (a == list_flag) {
+      b.list = next();
+    } else if (a == "--shapes") {  // NxK,NxK,...
+      b.shapes = parse_shapes(next());
+    } else {
+      std::fprintf(stderr, "usage: %s [--reps R] [--min-mib MiB] [%s %s] [--shapes NxK,...]\n",
+                   argv[0], list_flag.c_str(), b.list.c_str());
+      std::exit(2);
+    }
+  }
+#if defined(GLOWLM_VEC_BF16DOT)
+  constexpr int bf16dot = 1;
+#else
+  constexpr int bf16dot = 0;
+#endif
+  std::printf("isa %s W %d bf16dot %d threads %d reps %d copies >= %lld MiB per shape\n",
+              kIsa, W, bf16dot, num_threads(), b.reps, static_cast<long long>(b.min_mib));
+  return b;
+}
+
 }  // namespace glowlm::bench
