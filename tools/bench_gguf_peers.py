@@ -56,9 +56,9 @@ def host() -> dict[str, Any]:
 
 
 def vocab_of(path: Path) -> int:
-    from glowlm.model_loader import gguf
+    from glowlm.model_loader.gguf_metadata import metadata_dir
 
-    cfg = json.loads((gguf.metadata_dir(path) / "config.json").read_text())
+    cfg = json.loads((metadata_dir(path) / "config.json").read_text())
     return int(cfg["vocab_size"])
 
 

@@ -24,6 +24,7 @@ import torch
 from glowlm import LLM, SamplingParams
 from glowlm.errors import ModelLoadError
 from glowlm.model_loader import gguf as gguf_mod
+from glowlm.model_loader.gguf_metadata import metadata_dir
 from glowlm.model_loader.resolve import resolve_model
 
 gguf = pytest.importorskip("gguf")
@@ -105,7 +106,7 @@ def test_several_gguf_files_need_a_choice(tmp_path):
 
 def test_metadata_is_converted_once_and_reused():
     src = _default_file()
-    first = gguf_mod.metadata_dir(src)
+    first = metadata_dir(src)
     raw = json.loads((first / "config.json").read_text())
     assert raw["architectures"] == ["LlamaForCausalLM"] and raw["num_hidden_layers"] == 30
     assert (first / "tokenizer_config.json").exists()
@@ -113,7 +114,7 @@ def test_metadata_is_converted_once_and_reused():
     eos = gen["eos_token_id"]
     assert 2 in ([eos] if isinstance(eos, int) else eos)
     stamp = (first / "config.json").stat().st_mtime_ns
-    assert gguf_mod.metadata_dir(src) == first
+    assert metadata_dir(src) == first
     assert (first / "config.json").stat().st_mtime_ns == stamp
 
 

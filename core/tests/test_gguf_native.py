@@ -192,9 +192,9 @@ def test_mixed_native_file_equals_the_dequantized_path(mixed_file, arch, monkeyp
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE_HEAD", "1")  # the 8-bit heads too
     path = mixed_file(arch)
     if arch == "gemma3":
-        from glowlm.model_loader import gguf as gguf_mod
+        from glowlm.model_loader.gguf_metadata import metadata_dir
 
-        cfg_file = gguf_mod.metadata_dir(path) / "config.json"
+        cfg_file = metadata_dir(path) / "config.json"
         cfg = json.loads(cfg_file.read_text())
         cfg["final_logit_softcapping"] = 5.0  # small, so it changes the log-probs
         cfg_file.write_text(json.dumps(cfg))

@@ -5,10 +5,8 @@ template, weights) in one file, in llama.cpp's naming. glowlm reads it in two
 parts so the rest of the engine sees an ordinary Hugging Face model:
 
 * **Metadata** becomes a small directory (``config.json``, ``generation_config.json``,
-  tokenizer files) under :envvar:`GLOWLM_GGUF_CACHE`, converted once per file with
-  transformers' GGUF conversion (config and tokenizer) and reused while the file's
-  size and modification time are unchanged. The conversion takes seconds (it walks
-  the whole vocabulary); reading the cached directory takes milliseconds.
+  tokenizer files) under :envvar:`GLOWLM_GGUF_CACHE`, converted once per file
+  (:mod:`glowlm.model_loader.gguf_metadata`); this module reads the header.
 * **Tensors** are renamed to the Hugging Face names the models load, undo the two
   layout changes llama.cpp's converter makes (Llama's q/k rows are permuted for its
   rotary layout; Gemma's norm weights have the +1 baked in), and are dequantized to
@@ -25,11 +23,7 @@ line naming the file.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
 import re
-import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +38,6 @@ from glowlm.logger import init_logger
 logger = init_logger(__name__)
 
 MAGIC = b"GGUF"
-#: Bumped when the metadata conversion changes, so old cached directories are redone.
-CONVERTER_VERSION = 3
 #: GGUF ``general.architecture`` -> the Hugging Face architecture glowlm builds.
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -178,120 +170,6 @@ def inspect(path: str | Path) -> GGUFInfo:
                     types, len(reader.tensors))
 
 
-def _file_dtype(info: GGUFInfo) -> str:
-    """The dtype the model runs in by default: bf16 for quantized files (their weights
-    are dequantized, and bf16 keeps them at half the bytes of fp32), else the file's."""
-    floats = {t: n for t, n in info.tensor_types.items() if t in ("F16", "BF16")}
-    if info.quantized or not floats:
-        return "bfloat16" if info.quantized else "float32"
-    return "float16" if max(floats, key=floats.__getitem__) == "F16" else "bfloat16"
-
-
-def cache_root() -> Path:
-    from glowlm import envs
-
-    return Path(envs.get().gguf_cache).expanduser()
-
-
-def metadata_dir(path: str | Path, root: Path | None = None) -> Path:
-    """A Hugging Face style directory (config, tokenizer, generation config) for ``path``.
-
-    Converted once per file version and cached; a half-written conversion is never
-    used (it is built in a temporary directory and renamed into place).
-    """
-    path = Path(path).resolve()
-    info = inspect(path)
-    st = path.stat()
-    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}".encode()
-                         ).hexdigest()[:16]
-    out = (root or cache_root()) / f"{path.stem}-{key}"
-    if (out / "config.json").exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    logger.info("converting the GGUF metadata of %s (once; cached in %s)", path.name, out)
-    try:
-        _convert(path, info, tmp)
-        try:
-            tmp.rename(out)
-        except OSError:  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def _convert(path: Path, info: GGUFInfo, out: Path) -> None:
-    import transformers
-    from transformers import AutoConfig, AutoTokenizer
-
-    try:
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types
-        raise ModelLoadError(f"{path}: cannot read the model config from the GGUF metadata "
-                             f"({type(exc).__name__}: {exc})") from None
-    raw = config.to_dict()
-    reader = _reader(path)
-    # transformers' key table misses the attention width for some architectures (qwen3);
-    # llama.cpp always writes it when it differs from hidden / heads.
-    key_length = field(reader, f"{info.architecture}.attention.key_length")
-    if isinstance(key_length, int) and key_length > 0:
-        raw["head_dim"] = key_length
-        if info.architecture == "gemma3":
-            # No GGUF key holds it; llama.cpp scales queries by head_dim ** -0.5 except in
-            # the 62-layer 27B model (hidden / heads). transformers' default is 256.
-            heads = int(raw.get("num_attention_heads") or 1)
-            raw["query_pre_attn_scalar"] = (raw["hidden_size"] // heads
-                                            if raw.get("num_hidden_layers") == 62
-                                            else key_length)
-    raw["architectures"] = [info.hf_architecture]
-    raw["torch_dtype"] = _file_dtype(info)
-    raw.pop("_name_or_path", None)
-    raw.pop("_model_name_or_path", None)
-    (out / "config.json").write_text(json.dumps(raw, indent=2, default=str))
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"{path}: cannot build the tokenizer from the GGUF metadata "
-                             f"({type(exc).__name__}: {exc})") from None
-    tok.save_pretrained(str(out))
-    gen: dict[str, Any] = {}
-    for key, name in (("tokenizer.ggml.bos_token_id", "bos_token_id"),
-                      ("tokenizer.ggml.eos_token_id", "eos_token_id"),
-                      ("tokenizer.ggml.padding_token_id", "pad_token_id")):
-        value = field(reader, key)
-        if isinstance(value, int):
-            gen[name] = value
-    eos = _end_of_turn_ids(tok, gen.get("eos_token_id"))
-    if eos:
-        gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    (out / "gguf_source.json").write_text(json.dumps({
-        "file": str(path), "architecture": info.architecture, "name": info.name,
-        "tensor_types": info.tensor_types, "transformers": transformers.__version__,
-        "converter_version": CONVERTER_VERSION}, indent=2))
-
-
-def _end_of_turn_ids(tok: Any, eos: int | None) -> list[int]:
-    """The file's EOS plus the chat template's end-of-turn token when it differs.
-
-    Instruct GGUFs often name ``<|endoftext|>`` as EOS while their chat template ends
-    every turn with ``<|im_end|>`` or ``<end_of_turn>``; without the latter a chat
-    reply would run on into a made-up next turn.
-    """
-    ids = [eos] if isinstance(eos, int) else []
-    template = getattr(tok, "chat_template", None) or ""
-    for marker in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
-        if marker in template:
-            tid = tok.convert_tokens_to_ids(marker)
-            if isinstance(tid, int) and tid >= 0 and tid != tok.unk_token_id and tid not in ids:
-                ids.append(tid)
-    return ids
-
-
 # -- tensors ------------------------------------------------------------------------
 
 
@@ -316,32 +194,8 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _blocks(data: np.ndarray, block_bytes: int) -> torch.Tensor:
-    # A copy: the reader's arrays are read-only views of the memory-mapped file.
-    raw = torch.from_numpy(np.array(data, copy=True).reshape(-1))
-    return raw.view(-1, block_bytes)
-
-
-def _nibbles(qs: torch.Tensor) -> torch.Tensor:
-    """16 bytes -> 32 values: the low nibbles are elements 0-15, the high ones 16-31."""
-    return torch.cat([qs & 0x0F, qs >> 4], dim=1)
-
-
-#: The 32-weight block types read in torch: bytes per block.
-BLOCK_TYPES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
-
-
-def block_fields(data: np.ndarray, type_name: str
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """A Q8_0/Q4_0/Q4_1 tensor's blocks: (f16 scale ``d``, f16 minimum ``m`` (Q4_1, else
-    None), the 32 values per block: int8 for Q8_0, unsigned nibbles for the Q4 types)."""
-    b = _blocks(data, BLOCK_TYPES[type_name])
-    d = b[:, :2].contiguous().view(torch.float16).float()
-    if type_name == "Q8_0":
-        return d, None, b[:, 2:].contiguous().view(torch.int8)
-    if type_name == "Q4_0":
-        return d, None, _nibbles(b[:, 2:])
-    return d, b[:, 2:4].contiguous().view(torch.float16).float(), _nibbles(b[:, 4:])
+#: The 32-weight block types dequantized in torch; the rest through the gguf package.
+TORCH_TYPES = ("Q8_0", "Q4_0", "Q4_1")
 
 
 def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -351,13 +205,19 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torc
     if type_name == "BF16":
         raw = torch.from_numpy(np.array(data, copy=True).view(np.int16))
         return raw.view(torch.bfloat16).reshape(shape).float()
-    if type_name in BLOCK_TYPES:
-        d, m, q = block_fields(data, type_name)
-        if type_name == "Q4_0":
-            return ((q.float() - 8.0) * d).reshape(shape)
-        if m is not None:
-            return (q.float() * d + m).reshape(shape)
-        return (q.float() * d).reshape(shape)
+    if type_name in TORCH_TYPES:
+        # The blocks as the native path reads them (w = scale·q + offset, or
+        # scale·(q − zero) for an integer zero): the products ggml forms, so the values
+        # equal the gguf package's bitwise (tested).
+        from glowlm.layers.quantization.gguf import groups
+
+        q, scale, zero, offset = groups(data, type_name)
+        if zero is not None:
+            w = (q.float() - zero) * scale.unsqueeze(1)
+        else:
+            assert offset is not None
+            w = q.float() * scale.unsqueeze(1) + offset.unsqueeze(1)
+        return w.reshape(shape)
     import gguf
     from gguf.quants import dequantize as np_dequantize
 

@@ -91,9 +91,9 @@ def _pick_gguf(directory: Path, gguf_file: str | None) -> Path | None:
 
 
 def _gguf_source(spec: str, file: Path, origin: str) -> ModelSource:
-    from glowlm.model_loader import gguf
+    from glowlm.model_loader.gguf_metadata import metadata_dir
 
-    return ModelSource(spec, gguf.metadata_dir(file), file.resolve(), origin)
+    return ModelSource(spec, metadata_dir(file), file.resolve(), origin)
 
 
 def resolve_model(spec: str | os.PathLike[str] | None, revision: str | None = None,

@@ -1,0 +1,141 @@
+"""A GGUF file's metadata as a Hugging Face style directory, converted once per file.
+
+``config.json``, ``generation_config.json`` and the tokenizer files come from
+transformers' GGUF conversion, with what it misses added from the header (the
+attention width, Gemma 3's query scale, the chat template's end-of-turn token as an
+EOS), under :envvar:`GLOWLM_GGUF_CACHE`. The conversion walks the whole vocabulary
+(seconds); the cached directory is reused while the file's size and modification
+time are unchanged. The tensors are :mod:`glowlm.model_loader.gguf`'s part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from glowlm.errors import ModelLoadError
+from glowlm.logger import init_logger
+from glowlm.model_loader.gguf import GGUFInfo, _reader, field, inspect
+
+logger = init_logger(__name__)
+
+#: Bumped when the metadata conversion changes, so old cached directories are redone.
+CONVERTER_VERSION = 3
+
+
+def _file_dtype(info: GGUFInfo) -> str:
+    """The dtype the model runs in by default: bf16 for quantized files (their weights
+    are dequantized, and bf16 keeps them at half the bytes of fp32), else the file's."""
+    floats = {t: n for t, n in info.tensor_types.items() if t in ("F16", "BF16")}
+    if info.quantized or not floats:
+        return "bfloat16" if info.quantized else "float32"
+    return "float16" if max(floats, key=floats.__getitem__) == "F16" else "bfloat16"
+
+
+def cache_root() -> Path:
+    from glowlm import envs
+
+    return Path(envs.get().gguf_cache).expanduser()
+
+
+def metadata_dir(path: str | Path, root: Path | None = None) -> Path:
+    """A Hugging Face style directory (config, tokenizer, generation config) for ``path``.
+
+    Converted once per file version and cached; a half-written conversion is never
+    used (it is built in a temporary directory and renamed into place).
+    """
+    path = Path(path).resolve()
+    info = inspect(path)
+    st = path.stat()
+    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}".encode()
+                         ).hexdigest()[:16]
+    out = (root or cache_root()) / f"{path.stem}-{key}"
+    if (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    logger.info("converting the GGUF metadata of %s (once; cached in %s)", path.name, out)
+    try:
+        _convert(path, info, tmp)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _convert(path: Path, info: GGUFInfo, out: Path) -> None:
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types
+        raise ModelLoadError(f"{path}: cannot read the model config from the GGUF metadata "
+                             f"({type(exc).__name__}: {exc})") from None
+    raw = config.to_dict()
+    reader = _reader(path)
+    # transformers' key table misses the attention width for some architectures (qwen3);
+    # llama.cpp always writes it when it differs from hidden / heads.
+    key_length = field(reader, f"{info.architecture}.attention.key_length")
+    if isinstance(key_length, int) and key_length > 0:
+        raw["head_dim"] = key_length
+        if info.architecture == "gemma3":
+            # No GGUF key holds it; llama.cpp scales queries by head_dim ** -0.5 except in
+            # the 62-layer 27B model (hidden / heads). transformers' default is 256.
+            heads = int(raw.get("num_attention_heads") or 1)
+            raw["query_pre_attn_scalar"] = (raw["hidden_size"] // heads
+                                            if raw.get("num_hidden_layers") == 62
+                                            else key_length)
+    raw["architectures"] = [info.hf_architecture]
+    raw["torch_dtype"] = _file_dtype(info)
+    raw.pop("_name_or_path", None)
+    raw.pop("_model_name_or_path", None)
+    (out / "config.json").write_text(json.dumps(raw, indent=2, default=str))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"{path}: cannot build the tokenizer from the GGUF metadata "
+                             f"({type(exc).__name__}: {exc})") from None
+    tok.save_pretrained(str(out))
+    gen: dict[str, Any] = {}
+    for key, name in (("tokenizer.ggml.bos_token_id", "bos_token_id"),
+                      ("tokenizer.ggml.eos_token_id", "eos_token_id"),
+                      ("tokenizer.ggml.padding_token_id", "pad_token_id")):
+        value = field(reader, key)
+        if isinstance(value, int):
+            gen[name] = value
+    eos = _end_of_turn_ids(tok, gen.get("eos_token_id"))
+    if eos:
+        gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    (out / "gguf_source.json").write_text(json.dumps({
+        "file": str(path), "architecture": info.architecture, "name": info.name,
+        "tensor_types": info.tensor_types, "transformers": transformers.__version__,
+        "converter_version": CONVERTER_VERSION}, indent=2))
+
+
+def _end_of_turn_ids(tok: Any, eos: int | None) -> list[int]:
+    """The file's EOS plus the chat template's end-of-turn token when it differs.
+
+    Instruct GGUFs often name ``<|endoftext|>`` as EOS while their chat template ends
+    every turn with ``<|im_end|>`` or ``<end_of_turn>``; without the latter a chat
+    reply would run on into a made-up next turn.
+    """
+    ids = [eos] if isinstance(eos, int) else []
+    template = getattr(tok, "chat_template", None) or ""
+    for marker in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
+        if marker in template:
+            tid = tok.convert_tokens_to_ids(marker)
+            if isinstance(tid, int) and tid >= 0 and tid != tok.unk_token_id and tid not in ids:
+                ids.append(tid)
+    return ids
