@@ -104,7 +104,7 @@ def render_text(host: HostInfo, candidates: list[Candidate], selection: Selectio
                      f"kernels {', '.join(caps.kernels) or 'core reference'}")
         if "gguf" in caps.quantization:
             lines.append(f"  GGUF types run natively: {', '.join(gguf_native_types())} "
-                         "(linear layers and the LM head; GLOWLM_GGUF_NATIVE=0 dequantizes)")
+                         "(linear layers, and a 4-bit LM head; GLOWLM_GGUF_NATIVE=0 dequantizes)")
         lines += [f"  note: {n}" for n in p.startup_notes()]
     lines.append("candidates (highest rank first; * = selected):")
     lines.append(f"    {'name':<10} {'rank':>4}  {'distribution':<20} {'ok':<4}reason")
