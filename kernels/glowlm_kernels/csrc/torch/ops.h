@@ -82,6 +82,15 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack_q(
     bool is_neox, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
+// gemma_layer.cpp: Gemma 3's layers (four norms, GeGLU, a rotary table per layer).
+std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
+    const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
+    const c10::List<std::optional<at::Tensor>>& w,
+    const c10::List<std::optional<at::Tensor>>& quant, at::IntArrayRef info,
+    at::TensorList kv_caches, int64_t rotary_dim, bool is_neox, const at::Tensor& block_tables,
+    const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_mapping,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_size, double scale, double eps,
+    int64_t gemv_max_m);
 // quant_linear.cpp: weight-only int4/int8 and int8 x int8 (the stack's quantized
 // projections).
 at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,

@@ -57,6 +57,12 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
         " int rotary_dim, bool is_neox, Tensor block_tables, Tensor query_start_loc,"
         " Tensor seq_lens, Tensor slot_mapping, int num_heads, int num_kv_heads,"
         " int head_size, float scale, float eps, int gemv_max_m) -> (Tensor, Tensor)");
+  // Gemma 3's layers (gemma_layer.cpp): 15 weights per layer, its rotary table last.
+  m.def("gemma_decoder_stack(Tensor positions, Tensor x, Tensor? residual, Tensor?[] weights,"
+        " Tensor?[] quant, int[] info, Tensor(a!)[] kv_caches, int rotary_dim, bool is_neox,"
+        " Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, Tensor slot_mapping,"
+        " int num_heads, int num_kv_heads, int head_size, float scale, float eps,"
+        " int gemv_max_m) -> (Tensor, Tensor)");
 }
 
 GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
@@ -77,4 +83,5 @@ GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("ln_decoder_stack", &glowlm::ln_decoder_stack);
   m.impl("rms_decoder_stack", &glowlm::rms_decoder_stack);
   m.impl("rms_decoder_stack_q", &glowlm::rms_decoder_stack_q);
+  m.impl("gemma_decoder_stack", &glowlm::gemma_decoder_stack);
 }
