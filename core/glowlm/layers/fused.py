@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -49,17 +50,24 @@ class FusedStack(Generic[W]):
     attention (for its cache index and spec), in layer order. ``skip_last=True`` runs
     all but the last layer (for a model that runs its last layer itself, on fewer
     rows: :meth:`glowlm.models.base.CausalLM.forward`).
+
+    ``per_layer_window=True``: the layers' weights carry their own attention window
+    (:attr:`glowlm.ops.fused.DecoderLayerWeights.sliding_window`, Gemma 3's local and
+    global layers), so layers whose specs differ only in the window still make one
+    call, with the common spec without a window.
     """
 
     def __init__(self, fn: Callable[..., Any] | None, fused: Sequence[FusedLayer[W]],
-                 attention: Sequence[Any]) -> None:
+                 attention: Sequence[Any], per_layer_window: bool = False) -> None:
         self.fn = fn if fused and all(f.fn is not None for f in fused) else None
         if any(f.quantized for f in fused) and not getattr(fn, "accepts_quantized", False):
             self.fn = None  # layers admitted as quantized need a stack that runs them too
         self._fused = list(fused)
         self._indices = [a.layer_index for a in attention]
-        self.spec: AttentionLayerSpec | None = attention[0].spec if attention else None
-        if any(a.spec != self.spec for a in attention):
+        specs = [dataclasses.replace(a.spec, sliding_window=None) if per_layer_window
+                 else a.spec for a in attention]
+        self.spec: AttentionLayerSpec | None = specs[0] if specs else None
+        if any(s != self.spec for s in specs):
             self.fn = None  # one call takes one spec
         self._weights: list[W] | None = None
         self._head: list[W] | None = None  # all but the last layer's

@@ -23,8 +23,17 @@ What sets it apart from the Llama family, and where each part lives:
   same attention as transformers; both are unset in Google's Gemma 3 configs.
 - Embeddings are tied to the LM head.
 
-The platforms' fused decoder layers (``rms_decoder_layer`` / ``rms_decoder_stack``)
-are Llama's shape (two norms, SiLU, no window), so Gemma always runs its modules.
+Each layer also describes itself as :class:`~glowlm.ops.fused.DecoderLayerWeights`
+(the branch norms as ``post_norm1/2``, its rotary table, its window, its quantized
+projections), and the model runs every layer in one platform call when the platform
+offers a ``decoder_stack`` that takes them (x86: ``gemma_decoder_stack``), layer by
+layer with its ``decoder_layer`` when the stack declines a step, and its modules
+otherwise; the modules define the result and the fused ops match them bit for bit. At
+decode that removes about a dozen Python ops per layer, each slow right after a GEMV
+has streamed the layer's weights. Gemma's layers fit neither the LayerNorm nor the
+Llama form (``as_ln`` / ``as_rms``), so only a platform's own decoder ops run them. An
+op without a window declines a step in which a sequence is longer than a local
+layer's window (the x86 one does); tensor parallelism keeps the modules (FusedLayer).
 """
 
 from __future__ import annotations
@@ -41,11 +50,13 @@ from glowlm.layers.activation import GatedActivation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from glowlm.layers.fused import FusedLayer, FusedStack
 from glowlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import GemmaRMSNorm
 from glowlm.layers.rotary import RotaryEmbedding
 from glowlm.logger import init_logger
 from glowlm.models.base import CausalLM, prune_rows
+from glowlm.ops.fused import DecoderLayerWeights, Rotary
 
 logger = init_logger(__name__)
 
@@ -134,6 +145,8 @@ class Gemma3MLP(nn.Module):
         act = (getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
                or "gelu_pytorch_tanh")
         self.act = GatedActivation(act, parts)
+        #: the activation's name in DecoderLayerWeights
+        self.activation = {"gelu_pytorch_tanh": "gelu_tanh"}.get(act, act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -150,6 +163,28 @@ class Gemma3DecoderLayer(nn.Module):
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
             setattr(self, name, GemmaRMSNorm(h, eps, parts, f"{prefix}.{name}"))
+        self.fused = FusedLayer(parts.ops.decoder_layer, parts, True, self._fused_weights)
+
+    def _fused_weights(self) -> DecoderLayerWeights:
+        a, m = self.self_attn, self.mlp
+        projs = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
+        # A quantized projection has no dense weight: its method's prepared form goes in
+        # ``quant`` (only ops that accept quantized layers are given these weights).
+        quant = tuple(getattr(p, "quant_weight", None) for p in projs)
+        qkv_w, o_w, up_w, down_w = (torch.empty(0) if q is not None else p.weight
+                                    for p, q in zip(projs, quant, strict=True))
+        return DecoderLayerWeights(
+            norm="rms", norm1_weight=self.input_layernorm.weight, norm1_bias=None,
+            qkv_weight=qkv_w, qkv_bias=a.qkv_proj.bias, o_weight=o_w, o_bias=a.o_proj.bias,
+            norm2_weight=self.pre_feedforward_layernorm.weight, norm2_bias=None,
+            mlp="gated", activation=m.activation, up_weight=up_w, up_bias=None,
+            down_weight=down_w, down_bias=None, eps=self.input_layernorm.eps,
+            rotary=Rotary(a.rotary.cos_sin_cache, a.rotary.rotary_dim, a.rotary.is_neox),
+            q_norm_weight=a.q_norm.weight, k_norm_weight=a.k_norm.weight,
+            post_norm1_weight=self.post_attention_layernorm.weight,
+            post_norm2_weight=self.post_feedforward_layernorm.weight,
+            sliding_window=a.attn.spec.sliding_window,
+            quant=quant if any(q is not None for q in quant) else None)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,
@@ -157,6 +192,12 @@ class Gemma3DecoderLayer(nn.Module):
         """``(branch output, residual)``: the next norm adds them (``fused_add_rms_norm``
         rounds the sum to the model dtype, as transformers' ``residual + hidden`` does).
         ``keep``: the token rows to carry past attention (see CausalLM.forward)."""
+        if self.fused.fn is not None and keep is None:
+            attn = self.self_attn.attn
+            out = self.fused.fn(positions, x, residual, self.fused.weights(),
+                                kv_caches[attn.layer_index], metadata, attn.spec)
+            if out is not None:
+                return out
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
@@ -198,6 +239,10 @@ class Gemma3Model(nn.Module):
                                          rotary[self.layer_types[i]]),
             config.num_hidden_layers, parts.parallel)
         self.own = [la for la in self.layers if not isinstance(la, PPMissingLayer)]
+        # Local and global layers differ in their window only: it travels in each
+        # layer's weights, so one call takes them all.
+        self.stack = FusedStack(parts.ops.decoder_stack, [la.fused for la in self.own],
+                                [la.self_attn.attn for la in self.own], per_layer_window=True)
         self.norm = GemmaRMSNorm(h, config.rms_norm_eps, parts, "model.norm")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -213,10 +258,17 @@ class Gemma3Model(nn.Module):
         else:
             x, residual = intermediate["hidden"], intermediate["residual"]
         is_last = self.parallel.is_last_stage
-        last = len(self.own) - 1
-        for i, layer in enumerate(self.own):
-            x, residual = layer(positions, x, residual, kv_caches, metadata,
-                                output_rows if is_last and i == last else None)
+        prune = output_rows is not None and is_last
+        out = self.stack(positions, x, residual, kv_caches=kv_caches, metadata=metadata,
+                         skip_last=prune)
+        if out is not None:
+            x, residual = out
+        else:
+            for layer in self.own[:-1] if prune else self.own:
+                x, residual = layer(positions, x, residual, kv_caches, metadata)
+        if prune:
+            x, residual = self.own[-1](positions, x, residual, kv_caches, metadata,
+                                       output_rows)
         if not is_last:
             return {"hidden": x, "residual": residual}
         x, _ = self.norm(x, residual)

@@ -145,6 +145,14 @@ class DecoderLayerWeights:
       ``[2 * inter, hidden]``, and the layer computes ``act(gate) * up``) or ``"plain"``
       (``act(up(x))``); ``activation`` is ``silu``, ``relu``, ``gelu`` or ``gelu_tanh``.
 
+    Gemma 3's layers fit it with four more fields: ``post_norm1_weight`` and
+    ``post_norm2_weight`` (its "sandwich" norms: RMSNorm of the attention and of the MLP
+    branch before each joins the residual, so ``h = x + post1(o(...))`` and
+    ``y = h + post2(down(...))``), ``sliding_window`` (its local layers attend within a
+    window, its global ones do not, so the window is the layer's, not the stack's one
+    spec) and ``quant``. Norm weights are as the model's norm modules hold them (Gemma:
+    ``1 + w`` in float32, which the platform's ``rms_norm`` takes as is).
+
     A model whose layers fit this description builds one per layer (from its own
     parameters, so weights moved after loading are seen) and gets whatever fused op
     the platform has for it through :class:`glowlm.layers.fused.FusedStack` and
@@ -173,10 +181,25 @@ class DecoderLayerWeights:
     rotary: Rotary | None = None
     q_norm_weight: torch.Tensor | None = None
     k_norm_weight: torch.Tensor | None = None
+    post_norm1_weight: torch.Tensor | None = None
+    post_norm2_weight: torch.Tensor | None = None
+    #: This layer's attention window (``AttentionLayerSpec.sliding_window``); a stack op
+    #: must honour it (run it, or decline a step in which it hides keys), since the spec
+    #: it is given is common to the layers and has none (``FusedStack(per_layer_window=True)``).
+    sliding_window: int | None = None
+    #: Quantized projections (qkv, o, up, down) as in :attr:`RmsDecoderWeights.quant`:
+    #: only ops that declare ``accepts_quantized`` receive such layers.
+    quant: tuple[Any, Any, Any, Any] | None = None
+
+    def _plain(self) -> bool:
+        """No part that the OPT/GPT-2 and Llama-family forms lack."""
+        return (self.post_norm1_weight is None and self.post_norm2_weight is None
+                and self.sliding_window is None)
 
     def as_ln(self) -> LnDecoderWeights | None:
         """The OPT/GPT-2 form (``ln_decoder_layer``/``_stack``), or None if it does not fit."""
         if (self.norm != "layer" or self.mlp != "plain" or self.rotary is not None
+                or not self._plain() or self.quant is not None
                 or self.q_norm_weight is not None or self.k_norm_weight is not None
                 or self.activation not in ("relu", "gelu", "gelu_tanh")):
             return None
@@ -192,7 +215,7 @@ class DecoderLayerWeights:
     def as_rms(self) -> RmsDecoderWeights | None:
         """The Llama-family form (``rms_decoder_layer``/``_stack``), or None if it does not fit."""
         if (self.norm != "rms" or self.mlp != "gated" or self.activation != "silu"
-                or self.rotary is None or self.norm1_bias is not None
+                or self.rotary is None or not self._plain() or self.norm1_bias is not None
                 or self.norm2_bias is not None):
             return None
         return RmsDecoderWeights(
@@ -202,7 +225,7 @@ class DecoderLayerWeights:
             is_neox=self.rotary.is_neox, o_weight=self.o_weight, o_bias=self.o_bias,
             ln2_weight=self.norm2_weight, gate_up_weight=self.up_weight,
             gate_up_bias=self.up_bias, down_weight=self.down_weight,
-            down_bias=self.down_bias, eps=self.eps)
+            down_bias=self.down_bias, eps=self.eps, quant=self.quant)
 
 
 #: ``fn(positions, x, residual, weights, kv_cache, metadata, spec)`` -> ``(out, residual)``
@@ -223,17 +246,20 @@ def generic_stack_op(ln_stack: LnDecoderStackFn | None, rms_stack: RmsDecoderSta
                      generic: DecoderStackFn | None = None) -> DecoderStackFn | None:
     """The platform's stack op for :class:`DecoderLayerWeights` layers.
 
-    A platform's own ``decoder_stack`` (``generic``) wins; otherwise the description
-    is converted once per layer list into the form the platform's ``ln_decoder_stack``
-    or ``rms_decoder_stack`` takes (so kernels written for those forms serve every
-    family that fits them). The converted list keeps its identity for as long as the
-    given list does, as the stack ops' weight caches expect. None when the platform
-    has neither; the returned op declines (None) layers that fit neither form.
+    A platform's own ``decoder_stack`` (``generic``) is tried first; layers it declines
+    (or all, without one) are converted once per layer list into the form the
+    platform's ``ln_decoder_stack`` or ``rms_decoder_stack`` takes (so kernels written
+    for those forms serve every family that fits them, and a platform's own op need
+    only cover the layers they do not: x86's runs Gemma 3's). The converted list keeps
+    its identity for as long as the given list does, as the stack ops' weight caches
+    expect. None when the platform has none of the three; the returned op declines
+    (None) layers that none of them takes. Like the descriptions of families that
+    predate :attr:`DecoderLayerWeights.quant`, it does not accept quantized layers
+    (a model whose description fills ``quant`` passes the platform's own op, which
+    says whether it does).
     """
-    if generic is not None:
-        return generic
     if ln_stack is None and rms_stack is None:
-        return None
+        return generic
     converted: dict[int, tuple[Sequence[DecoderLayerWeights], list, str]] = {}
 
     def convert(layers: Sequence[DecoderLayerWeights]) -> tuple[list, str] | None:
@@ -254,6 +280,10 @@ def generic_stack_op(ln_stack: LnDecoderStackFn | None, rms_stack: RmsDecoderSta
                       layers: Sequence[DecoderLayerWeights], kv_caches: Sequence[torch.Tensor],
                       metadata: AttentionMetadata, spec: AttentionLayerSpec
                       ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        if generic is not None:
+            out = generic(positions, x, residual, layers, kv_caches, metadata, spec)
+            if out is not None:
+                return out
         found = convert(layers)
         if found is None:
             return None
@@ -272,15 +302,17 @@ def generic_stack_op(ln_stack: LnDecoderStackFn | None, rms_stack: RmsDecoderSta
 def generic_layer_op(ln_layer: LnDecoderLayerFn | None, rms_layer: RmsDecoderLayerFn | None,
                      generic: DecoderLayerFn | None = None) -> DecoderLayerFn | None:
     """The per-layer counterpart of :func:`generic_stack_op` (one layer per call)."""
-    if generic is not None:
-        return generic
     if ln_layer is None and rms_layer is None:
-        return None
+        return generic
 
     def decoder_layer(positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                       w: DecoderLayerWeights, kv_cache: torch.Tensor,
                       metadata: AttentionMetadata, spec: AttentionLayerSpec
                       ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        if generic is not None:
+            out = generic(positions, x, residual, w, kv_cache, metadata, spec)
+            if out is not None:
+                return out
         rms = w.as_rms() if rms_layer is not None else None
         if rms is not None:
             assert rms_layer is not None
