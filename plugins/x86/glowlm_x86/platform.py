@@ -176,18 +176,25 @@ class X86Platform(Platform):
         attention = self.attention_backend()
         fuse = (getattr(linear, "runs_fused_kernels", False)
                 and isinstance(attention, X86AttentionBackend))
-        return OpsTable(rms_norm=ops.rms_norm, fused_add_rms_norm=ops.fused_add_rms_norm,
-                        layer_norm=ops.layer_norm, rotary_embedding=ops.rotary_embedding,
-                        silu_and_mul=ops.silu_and_mul, gelu=ops.gelu, gelu_tanh=ops.gelu_tanh,
-                        relu=ops.relu, dense_linear=dense_linear,
-                        ln_decoder_layer=make_ln_decoder_layer(linear.policy, attention)
-                        if fuse else None,
-                        rms_decoder_layer=make_rms_decoder_layer(linear.policy, attention)
-                        if fuse else None,
-                        ln_decoder_stack=make_ln_decoder_stack(linear.policy, attention)
-                        if fuse else None,
-                        rms_decoder_stack=make_rms_decoder_stack(linear.policy, attention)
-                        if fuse else None)
+        table = OpsTable(rms_norm=ops.rms_norm, fused_add_rms_norm=ops.fused_add_rms_norm,
+                         layer_norm=ops.layer_norm, rotary_embedding=ops.rotary_embedding,
+                         silu_and_mul=ops.silu_and_mul, gelu=ops.gelu, gelu_tanh=ops.gelu_tanh,
+                         relu=ops.relu, dense_linear=dense_linear,
+                         ln_decoder_layer=make_ln_decoder_layer(linear.policy, attention)
+                         if fuse else None,
+                         rms_decoder_layer=make_rms_decoder_layer(linear.policy, attention)
+                         if fuse else None,
+                         ln_decoder_stack=make_ln_decoder_stack(linear.policy, attention)
+                         if fuse else None,
+                         rms_decoder_stack=make_rms_decoder_stack(linear.policy, attention)
+                         if fuse else None)
+        if not fuse:
+            return table
+        # Gemma 3's layers (described as DecoderLayerWeights; the others go through the
+        # LayerNorm/RMSNorm ops above).
+        from glowlm_x86.kernels.fused_gemma import gemma_ops
+
+        return dataclasses.replace(table, **gemma_ops(linear.policy, attention))
 
     def unquantized_linear_method(self) -> LinearMethod:
         library = self.kernels()
