@@ -32,8 +32,9 @@ otherwise; the modules define the result and the fused ops match them bit for bi
 decode that removes about a dozen Python ops per layer, each slow right after a GEMV
 has streamed the layer's weights. Gemma's layers fit neither the LayerNorm nor the
 Llama form (``as_ln`` / ``as_rms``), so only a platform's own decoder ops run them. An
-op without a window declines a step in which a sequence is longer than a local
-layer's window (the x86 one does); tensor parallelism keeps the modules (FusedLayer).
+op honours each layer's window (x86's attends it in its paged attention kernel) or
+declines the steps it would hide keys in; tensor parallelism keeps the modules
+(FusedLayer).
 """
 
 from __future__ import annotations

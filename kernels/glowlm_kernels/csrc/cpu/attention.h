@@ -2,7 +2,9 @@
 //
 // One kernel serves decode and (chunked) prefill: sequence i's new tokens are
 // query rows query_start_loc[i]..query_start_loc[i+1], and query j of a chunk of
-// qlen tokens attends keys 0 .. ctx - qlen + j (causal, continuing a prefix).
+// qlen tokens attends keys 0 .. ctx - qlen + j (causal, continuing a prefix), or with a
+// window w only the last w of them (keys p with q - w < p <= q: Gemma 3's local layers;
+// blocks wholly before every query's window are not read).
 // A task is (sequence, kv head, tile of up to kQTile queries); it processes the
 // whole GQA group of query heads sharing that kv head, so every K/V block is
 // read once per task. Scores, an online softmax (running max and sum, fp32) and P.V
@@ -41,6 +43,7 @@ struct Geometry {
   int64_t num_heads, num_kv_heads, group, head_size, block_size, block_stride, kv_stride,
       max_blocks;
   float scale;  // applied to q.k here, so the query needs no scaled copy
+  int64_t window = 0;  // > 0: a query at position q sees keys p with q - window < p <= q
 };
 
 template <typename C>
@@ -63,6 +66,9 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
   const int64_t ctx = seq_lens[task.seq];
   const int64_t rows = (task.q_end - task.q_begin) * g.group;
   const int64_t max_keys = ctx - qlen + task.q_end;
+  // The first key any row of the task sees (its first query's window start).
+  const int64_t first_key =
+      g.window > 0 ? std::max<int64_t>(0, ctx - qlen + task.q_begin - g.window + 1) : 0;
   std::vector<float> acc(rows * hs, 0.0f), m(rows, kNegInf), l(rows, 0.0f);
   std::vector<float> scores(rows * bs);
   std::vector<float> kbuf(rows <= kDirectRows ? 0 : bs * hs), vbuf(kbuf.size());
@@ -83,10 +89,12 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
       const float* qr = row_q(r);
       const int64_t limit = ctx - qlen + task.q_begin + r / g.group + 1 - b * bs;  // keys seen
       const int64_t nr = std::min(n, limit);
+      // Keys of this block before the row's window (none without a window).
+      const int64_t t0 = g.window > 0 ? std::max<int64_t>(0, limit - g.window) : 0;
       float* s = scores.data() + r * bs;
-      if (nr <= 0) continue;
+      if (nr <= t0) continue;
       float block_max = kNegInf;
-      int64_t t = 0;
+      int64_t t = t0;
       for (; t + W <= nr; t += W) {  // W keys at once: W accumulators, one transposed sum
         if (in_cache && r == 0) prefetch_range(vf + t * hs, W * hs * elem);
         VecF d[W];
@@ -108,7 +116,7 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
       }
       const float m_new = std::max(m[r], block_max);
       const float alpha = std::exp(m[r] - m_new);  // exp(-inf) = 0 on the first block
-      t = 0;
+      t = t0;
       float sum = 0.0f;
       VecF vm = set1(m_new), vsum = zero();
       for (; t + W <= nr; t += W) {
@@ -128,7 +136,7 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
         const int cnt = std::min(8, nv - v0);
         VecF av[8];
         for (int j = 0; j < cnt; ++j) av[j] = mul(load(a + (v0 + j) * W), valpha);
-        for (int64_t tt = 0; tt < nr; ++tt) {
+        for (int64_t tt = t0; tt < nr; ++tt) {
           if (r == 0 && v0 == 0 && next_k) prefetch_range(next_k + tt * hs, hs * sizeof(C));
           VecF p = set1(s[tt]);
           const auto* vr = vf + tt * hs + v0 * W;
@@ -139,7 +147,7 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
     }
   };
   const bool direct = rows <= kDirectRows;
-  for (int64_t b = 0; b * bs < max_keys; ++b) {
+  for (int64_t b = first_key / bs; b * bs < max_keys; ++b) {
     const int64_t n = std::min(bs, max_keys - b * bs);
     const C* base = cache + table[b] * g.block_stride + task.kv_head * bs * hs;
     const C* next_k = (b + 1) * bs < max_keys

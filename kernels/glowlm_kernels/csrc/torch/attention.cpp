@@ -37,6 +37,13 @@ void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& val
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables_in, const at::Tensor& qsl_in,
                            const at::Tensor& seq_lens_in, double scale) {
+  return paged_attention_window(query, kv_cache, block_tables_in, qsl_in, seq_lens_in, scale, 0);
+}
+
+at::Tensor paged_attention_window(const at::Tensor& query, const at::Tensor& kv_cache,
+                                  const at::Tensor& block_tables_in, const at::Tensor& qsl_in,
+                                  const at::Tensor& seq_lens_in, double scale, int64_t window) {
+  TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0 (0: none)");
   TORCH_CHECK(query.dim() == 3, "paged_attention: query must be [tokens, heads, head_size]");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
               "paged_attention: kv_cache must be a contiguous [2, blocks, kv_heads, block, head]");
@@ -54,7 +61,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
   TORCH_CHECK(qsl.numel() == seqs + 1 && tables.dim() == 2 && tables.size(0) >= seqs,
               "paged_attention: query_start_loc must be [seqs + 1], block_tables [seqs, *]");
   const cpu::Geometry g{heads, kv_heads, heads / kv_heads, hs, bs, kv_heads * bs * hs,
-                   kv_cache.stride(0), tables.size(1), static_cast<float>(scale)};
+                   kv_cache.stride(0), tables.size(1), static_cast<float>(scale), window};
   const int32_t* qp = qsl.data_ptr<int32_t>();
   const int32_t* lp = lens.data_ptr<int32_t>();
   for (int64_t s = 0; s < seqs; ++s) {

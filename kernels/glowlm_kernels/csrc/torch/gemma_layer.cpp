@@ -10,9 +10,11 @@
 // glowlm.models.gemma3.Gemma3DecoderLayer.forward, step for step, with the same kernels
 // as the module path on x86 (the platform's norms, rotary, GEMV/GEMM or quantized
 // linears, write_kv + paged_attention; the GeGLU is ATen's tanh GELU times up, as core's
-// reference gelu_tanh_and_mul computes it), so results are bit-identical. The attention
-// has no window: the caller declines a step in which a local layer's window would hide
-// keys (glowlm_x86.kernels.fused_gemma).
+// reference gelu_tanh_and_mul computes it), so results are bit-identical wherever the
+// module path runs the same kernels: every global layer, and a local one while its window
+// hides no key. Past that, a local layer attends its window in the paged attention
+// kernel (paged_attention_window), where the x86 module path hands it to core's reference
+// backend: the same attention in another order.
 #include <ATen/ATen.h>
 
 #include <optional>
@@ -85,7 +87,7 @@ at::Tensor need(const c10::List<std::optional<at::Tensor>>& w, int64_t i) {
 std::tuple<at::Tensor, at::Tensor> gemma_layer(
     const Step& s, const at::Tensor& x, const std::optional<at::Tensor>& residual,
     const c10::List<std::optional<at::Tensor>>& w, int64_t base, const Projection (&p)[4],
-    at::Tensor& kv_cache) {
+    at::Tensor& kv_cache, int64_t window) {
   const int64_t M = x.size(0), qs = s.num_heads * s.head_size,
                 kvs = s.num_kv_heads * s.head_size;
   TORCH_CHECK(p[0].rows() == qs + 2 * kvs,
@@ -107,8 +109,8 @@ std::tuple<at::Tensor, at::Tensor> gemma_layer(
   std::tie(q, k) = rotary_embedding(s.positions, q, k, need(w, base + kCosSin), s.rotary_dim,
                                     s.is_neox);
   write_kv(kv_cache, k, v, s.slot_mapping);
-  at::Tensor attn = paged_attention(q, kv_cache, s.block_tables, s.query_start_loc,
-                                    s.seq_lens, s.scale)
+  at::Tensor attn = paged_attention_window(q, kv_cache, s.block_tables, s.query_start_loc,
+                                           s.seq_lens, s.scale, window)
                         .flatten(1);
   at::Tensor o = rms_norm(p[1](attn, s.gemv_max_m), need(w, base + kPostAttnNorm), eps);
   std::tie(h, res) = fused_add_rms_norm(o, res, need(w, base + kPreFfnNorm), eps);
@@ -121,12 +123,14 @@ std::tuple<at::Tensor, at::Tensor> gemma_layer(
 // Every layer in one call. ``w``: kGemmaWeights tensors per layer in Slot order (the
 // layer's own rotary table last: local and global layers differ); ``quant`` / ``info``
 // as rms_decoder_stack_q's (three tensors and (bits, param, n) per projection, qkv, o,
-// gate_up, down), or empty when every projection is dense.
+// gate_up, down), or empty when every projection is dense; ``windows``: each layer's
+// attention window, 0 for none.
 std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
     const at::Tensor& positions, const at::Tensor& x_in, const std::optional<at::Tensor>& residual,
     const c10::List<std::optional<at::Tensor>>& w,
     const c10::List<std::optional<at::Tensor>>& quant, at::IntArrayRef info,
-    at::TensorList kv_caches, int64_t rotary_dim, bool is_neox, const at::Tensor& block_tables,
+    at::IntArrayRef windows, at::TensorList kv_caches, int64_t rotary_dim, bool is_neox,
+    const at::Tensor& block_tables,
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_mapping,
     int64_t num_heads, int64_t num_kv_heads, int64_t head_size, double scale, double eps,
     int64_t gemv_max_m) {
@@ -141,6 +145,8 @@ std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
               "gemma_decoder_stack: expected 4 x (bits, param, n) and 4 x 3 quant tensors "
               "per layer, got ", info.size(), " and ", quant.size(), " for ", layers,
               " layers");
+  TORCH_CHECK(static_cast<int64_t>(windows.size()) == layers,
+              "gemma_decoder_stack: ", windows.size(), " windows for ", layers, " layers");
   const Step step{positions, block_tables, query_start_loc, seq_lens, slot_mapping,
                   num_heads, num_kv_heads, head_size, scale, eps, rotary_dim, is_neox,
                   gemv_max_m};
@@ -164,7 +170,7 @@ std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
       }
     }
     at::Tensor cache = kv_caches[l];  // a handle on the same storage, written in place
-    auto [out, r] = gemma_layer(step, x, res, w, base, p, cache);
+    auto [out, r] = gemma_layer(step, x, res, w, base, p, cache, windows[l]);
     x = out;
     res = r;
   }

@@ -39,6 +39,11 @@ void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& val
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, double scale);
+// The same attending only the last `window` keys of each query (0: all; not a registered
+// op: Gemma 3's local layers in gemma_layer.cpp).
+at::Tensor paged_attention_window(const at::Tensor& query, const at::Tensor& kv_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                                  const at::Tensor& seq_lens, double scale, int64_t window);
 at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
                             const std::optional<at::Tensor>& ln1_b, const at::Tensor& qkv_w,
                             const std::optional<at::Tensor>& qkv_b, const at::Tensor& out_w,
@@ -87,10 +92,10 @@ std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
     const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
     const c10::List<std::optional<at::Tensor>>& w,
     const c10::List<std::optional<at::Tensor>>& quant, at::IntArrayRef info,
-    at::TensorList kv_caches, int64_t rotary_dim, bool is_neox, const at::Tensor& block_tables,
-    const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_mapping,
-    int64_t num_heads, int64_t num_kv_heads, int64_t head_size, double scale, double eps,
-    int64_t gemv_max_m);
+    at::IntArrayRef windows, at::TensorList kv_caches, int64_t rotary_dim, bool is_neox,
+    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
 // quant_linear.cpp: weight-only int4/int8 and int8 x int8 (the stack's quantized
 // projections).
 at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,

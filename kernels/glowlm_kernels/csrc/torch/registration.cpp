@@ -57,12 +57,13 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
         " int rotary_dim, bool is_neox, Tensor block_tables, Tensor query_start_loc,"
         " Tensor seq_lens, Tensor slot_mapping, int num_heads, int num_kv_heads,"
         " int head_size, float scale, float eps, int gemv_max_m) -> (Tensor, Tensor)");
-  // Gemma 3's layers (gemma_layer.cpp): 15 weights per layer, its rotary table last.
+  // Gemma 3's layers (gemma_layer.cpp): 15 weights per layer, its rotary table last;
+  // each layer's attention window (0: none).
   m.def("gemma_decoder_stack(Tensor positions, Tensor x, Tensor? residual, Tensor?[] weights,"
-        " Tensor?[] quant, int[] info, Tensor(a!)[] kv_caches, int rotary_dim, bool is_neox,"
-        " Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, Tensor slot_mapping,"
-        " int num_heads, int num_kv_heads, int head_size, float scale, float eps,"
-        " int gemv_max_m) -> (Tensor, Tensor)");
+        " Tensor?[] quant, int[] info, int[] windows, Tensor(a!)[] kv_caches, int rotary_dim,"
+        " bool is_neox, Tensor block_tables, Tensor query_start_loc, Tensor seq_lens,"
+        " Tensor slot_mapping, int num_heads, int num_kv_heads, int head_size, float scale,"
+        " float eps, int gemv_max_m) -> (Tensor, Tensor)");
 }
 
 GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {

@@ -8,9 +8,12 @@ in the module path's order, so tokens and log-probabilities are identical to run
 the modules. Dense fp32/bf16/fp16 and quantized projections (weight-only and W8A8, the
 encoding of ``rms_decoder_stack_q``, :func:`glowlm_x86.kernels.fused._quant_parts`).
 
-The attention kernel has no window, so a step in which some sequence is longer than a
-local layer's window is declined (``None``: the model runs its modules, whose backend
-masks). Layers of another shape are declined too: :func:`glowlm.plugin_api.decoder_stack_op`
+Local layers attend their window in the paged attention kernel (each layer's
+``sliding_window`` goes to the op), so the stack runs every step whatever the context
+length. While no sequence is longer than the window the window hides nothing and the
+result is the module path's bit for bit; past it the x86 module path hands local layers
+to core's reference backend, which masks the same keys in another order (tested within
+float rounding). Layers of another shape are declined: :func:`glowlm.plugin_api.decoder_stack_op`
 tries this op first and converts what it declines to the platform's LayerNorm/RMSNorm
 forms, so offering it takes nothing from the families those serve.
 """
@@ -44,17 +47,6 @@ def is_gemma(w: DecoderLayerWeights) -> bool:
             and w.norm2_bias is None)
 
 
-def window_hides_nothing(layers: Sequence[DecoderLayerWeights], metadata: AttentionMetadata,
-                         spec: AttentionLayerSpec) -> bool:
-    """No sequence of the step is longer than any layer's window (a query at position q
-    sees keys p > q - window, so a context within the window hides none): the kernel's
-    full causal attention is then every layer's attention."""
-    windows = [w.sliding_window for w in layers if w.sliding_window is not None]
-    if spec.sliding_window is not None:
-        windows.append(spec.sliding_window)
-    return not windows or metadata.max_seq_len <= min(windows)
-
-
 def _flatten(layers: Sequence[DecoderLayerWeights]) -> list[torch.Tensor | None] | None:
     """The op's weight list, or None when the layers are not all Gemma's or differ in
     what the call passes once (epsilon, rotary width and style)."""
@@ -86,8 +78,9 @@ def _weight(w: DecoderLayerWeights, i: int, dense: torch.Tensor) -> torch.Tensor
 
 
 _NO_QUANT: tuple[list[torch.Tensor | None], list[int]] = ([], [])
-#: A flattened layer list: the op's weights, its quant and info lists; None: declined.
-Prepared = tuple[list[torch.Tensor | None], list[torch.Tensor | None], list[int]] | None
+#: A flattened layer list: the op's weights, quant, info and windows lists; None: declined.
+Prepared = tuple[list[torch.Tensor | None], list[torch.Tensor | None], list[int],
+                 list[int]] | None
 
 
 class _Prepared:
@@ -115,10 +108,11 @@ def _prepare(layers: Sequence[DecoderLayerWeights]) -> Prepared:
     weights = _flatten(layers)
     if weights is None:
         return None
+    windows = [w.sliding_window or 0 for w in layers]
     if not any(w.quant is not None for w in layers):
-        return weights, *_NO_QUANT
+        return weights, *_NO_QUANT, windows
     parts = _quant_parts(layers)  # type: ignore[arg-type]  # it reads .quant only
-    return None if parts is None else (weights, *parts)
+    return None if parts is None else (weights, *parts, windows)
 
 
 def make_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend, capacity: int = 2
@@ -132,15 +126,15 @@ def make_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend, capac
         if not is_gemma(layers[0]):
             return None
         made = prepared.get(layers)
-        if (made is None or x.dim() != 2 or not window_hides_nothing(layers, metadata, spec)
+        if (made is None or x.dim() != 2
                 or not attention.supports(spec.head_size, metadata.block_size,
                                           kv_caches[0].dtype)):
             return None
-        weights, quant, info = made
+        weights, quant, info, windows = made
         first = layers[0]
         assert first.rotary is not None
         return torch.ops.glowlm_x86.gemma_decoder_stack(
-            positions, x, residual, weights, quant, info, list(kv_caches),
+            positions, x, residual, weights, quant, info, windows, list(kv_caches),
             first.rotary.rotary_dim, first.rotary.is_neox, metadata.block_tables,
             metadata.query_start_loc, metadata.seq_lens, metadata.slot_mapping,
             spec.num_heads, spec.num_kv_heads, spec.head_size, spec.scale, first.eps,
@@ -153,8 +147,7 @@ def make_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend, capac
 def make_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend) -> DecoderLayerFn:
     """One Gemma layer per call: the stack op over that layer alone (its one-element
     list kept per layer); other layers are declined. A Gemma model runs its layers one
-    by one with it when the stack declines a step, so its global layers stay fused
-    beyond the local window."""
+    by one with it when the stack declines a step or for a pipeline stage's layers."""
     stack = make_decoder_stack(policy, attention, capacity=256)
     singles: dict[int, tuple[DecoderLayerWeights, list[DecoderLayerWeights]]] = {}
 
