@@ -67,8 +67,8 @@ def test_tp2_pp2_matches_tp1(tiny_model_dir) -> None:  # noqa: ANN001
 
 
 def test_tp2_on_the_native_platform(tiny_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """The platform's compiled kernels per rank (fused decoder ops off under TP, on at
-    TP = 1): same greedy tokens."""
+    """The platform's compiled kernels per rank (x86: the decoder stack with compiled
+    all-reduces under TP, plugins/x86/tests/test_kernels_tp.py): same greedy tokens."""
     monkeypatch.delenv("GLOWLM_PLATFORM")
     model = str(tiny_model_dir("llama"))
     assert greedy_tokens(model, tensor_parallel_size=2) == greedy_tokens(model)

@@ -119,8 +119,24 @@ class ShmGroup:
                                count=2 * world * slot_bytes)
         self._slots = [[raw[(b * world + r) * slot_bytes:(b * world + r + 1) * slot_bytes]
                         for r in range(world)] for b in range(2)]
-        self._seq = 0
+        # The op counter lives in a tensor that compiled code can advance too (see
+        # native_state): [segment address, world, rank, slot bytes, spin ns, counter].
+        self._state = torch.tensor([self._base, world, rank, slot_bytes,
+                                    int(spin_seconds * 1e9), 0], dtype=torch.int64)
+        self._counter = self._state.numpy()
         self.dead_reason = "another rank stopped"
+
+    def native_state(self) -> torch.Tensor:
+        """This group as compiled code sees it: int64 ``[segment address, world, rank,
+        slot bytes, spin ns, op counter]``.
+
+        A platform's fused decoder stack passes it to its kernels, which run the same
+        all-reduce protocol on the same segment and advance the same counter in place,
+        so a rank may mix compiled and Python collectives in any order (every rank of
+        the group still issues the same ops in the same order). The tensor lives as
+        long as the group; the mapping must too.
+        """
+        return self._state
 
     # -- synchronisation ----------------------------------------------------------------
 
@@ -164,8 +180,8 @@ class ShmGroup:
 
     def _begin(self) -> tuple[int, list[torch.Tensor]]:
         """Next op: wait until my slot in its buffer is free; return (seq, buffer's slots)."""
-        self._seq += 1
-        seq = self._seq
+        self._counter[5] += 1
+        seq = int(self._counter[5])
         if seq > 2:
             self._wait(range(self.world), seq - 1)
         return seq, self._slots[seq % 2]

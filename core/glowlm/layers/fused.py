@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from glowlm.attention.backend import AttentionLayerSpec
+from glowlm.distributed.shm import RankFailure
 from glowlm.layers.context import ModelParts
 from glowlm.ops.fused import generic_layer_op, generic_stack_op
 from glowlm.ops.table import OpsTable
@@ -19,8 +20,10 @@ W = TypeVar("W")
 class FusedLayer(Generic[W]):
     """The platform's fused op for one layer (``fn``, or None) and that layer's weights.
 
-    Only unsharded layers qualify: a fused op does the linears itself, so it would
-    skip a tensor-parallel all-reduce. Quantized layers qualify only for an op that
+    Tensor-parallel shards qualify only for an op that says it runs them
+    (``fn.accepts_tensor_parallel``: it gets the TP group in the weights and does the
+    all-reduces itself); any other op does the linears itself and would skip them.
+    Quantized layers qualify only for an op that
     says it runs quantized projections (``fn.accepts_quantized``; it gets their
     prepared weights and declines forms it does not know); any other op would bypass
     the quantized method. The weights are gathered on first use, after loading, from
@@ -29,11 +32,14 @@ class FusedLayer(Generic[W]):
 
     def __init__(self, fn: Callable[..., Any] | None, parts: ModelParts, applies: bool,
                  weights: Callable[[], W]) -> None:
-        plain = parts.parallel.tp_size == 1 and (
+        sharded = parts.parallel.tp_size > 1
+        plain = (not sharded or getattr(fn, "accepts_tensor_parallel", False)) and (
             parts.quant_config is None or getattr(fn, "accepts_quantized", False))
         self.fn = fn if applies and plain else None
         #: admitted with quantized projections (the stack over it must accept them too)
         self.quantized = self.fn is not None and parts.quant_config is not None
+        #: the TP group of admitted shards (the stack over it must accept them too)
+        self.tp_group = parts.parallel.tp_group if self.fn is not None and sharded else None
         self._make = weights
         self._weights: W | None = None
 
@@ -62,6 +68,9 @@ class FusedStack(Generic[W]):
         self.fn = fn if fused and all(f.fn is not None for f in fused) else None
         if any(f.quantized for f in fused) and not getattr(fn, "accepts_quantized", False):
             self.fn = None  # layers admitted as quantized need a stack that runs them too
+        self._tp_group = next((f.tp_group for f in fused if f.tp_group is not None), None)
+        if self._tp_group is not None and not getattr(fn, "accepts_tensor_parallel", False):
+            self.fn = None  # and shards one that does their all-reduces
         self._fused = list(fused)
         self._indices = [a.layer_index for a in attention]
         specs = [dataclasses.replace(a.spec, sliding_window=None) if per_layer_window
@@ -85,8 +94,15 @@ class FusedStack(Generic[W]):
         """``fn(*args, weights, caches, metadata, spec)``; None if absent or declined."""
         if self.fn is None or (skip_last and len(self._fused) == 1):
             return None
-        return self.fn(*args, self.weights(skip_last), self.caches(kv_caches, skip_last),
-                       metadata, self.spec)
+        try:
+            return self.fn(*args, self.weights(skip_last), self.caches(kv_caches, skip_last),
+                           metadata, self.spec)
+        except RuntimeError:
+            # A compiled all-reduce raises a plain error when the group is stopped (a rank
+            # died): make it the failure the engine and the workers handle.
+            if self._tp_group is not None and getattr(self._tp_group, "aborted", False):
+                raise RankFailure(self._tp_group.dead_reason) from None
+            raise
 
     def caches(self, kv_caches: Sequence[torch.Tensor], skip_last: bool = False
                ) -> list[torch.Tensor]:

@@ -109,7 +109,8 @@ class LlamaDecoderLayer(nn.Module):
             a.rotary.cos_sin_cache, a.rotary.rotary_dim, a.rotary.is_neox, o_w,
             a.o_proj.bias, self.post_attention_layernorm.weight, gate_up_w,
             m.gate_up_proj.bias, down_w, m.down_proj.bias, self.input_layernorm.eps,
-            quant=quant if any(q is not None for q in quant) else None)
+            quant=quant if any(q is not None for q in quant) else None,
+            tp_group=self.fused.tp_group)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,

@@ -103,6 +103,14 @@ class RmsDecoderWeights:
     #: :class:`glowlm.layers.fused.FusedLayer`), and it declines a prepared form its
     #: kernels did not make.
     quant: tuple[Any, Any, Any, Any] | None = None
+    #: Tensor-parallel shards: the TP group (:class:`glowlm.distributed.shm.ShmGroup`)
+    #: whose all-reduce sums the o and down projections' partial outputs (their biases,
+    #: whole on every rank, are added once after the sum); None when unsharded. The
+    #: weights and ``spec`` are then this rank's shard. Only ops that declare
+    #: ``accepts_tensor_parallel = True`` receive such layers; they may reduce in
+    #: compiled code through ``tp_group.native_state()`` (same segment, same protocol,
+    #: same counter as the group's Python collectives), and decline a group without it.
+    tp_group: Any = None
 
 
 #: ``fn(positions, x, residual, weights, kv_cache, metadata, spec)`` ->

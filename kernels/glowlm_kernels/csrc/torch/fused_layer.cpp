@@ -15,6 +15,8 @@
 #include <string>
 #include <tuple>
 
+#include "cpu/shm_reduce.h"
+#include "torch/dispatch.h"
 #include "torch/ops.h"
 
 namespace glowlm {
@@ -50,6 +52,35 @@ struct Proj {
 };
 
 Proj dense(const at::Tensor& w, const std::optional<at::Tensor>& b) { return {w, b}; }
+
+// A tensor-parallel stack's group: the `tp` argument, int64 [segment address, world,
+// rank, slot bytes, spin ns, op counter] (glowlm.distributed.shm.ShmGroup.native_state;
+// the counter is the Python group's own, advanced in place). nullopt: unsharded layers.
+std::optional<shm::Group> tp_group(const std::optional<at::Tensor>& tp) {
+  if (!tp) return std::nullopt;
+  TORCH_CHECK(tp->scalar_type() == at::kLong && tp->numel() == 6 && tp->is_contiguous(),
+              "decoder stack: tp must be a contiguous int64 tensor of 6 values");
+  const shm::Group g = shm::from_state(tp->data_ptr<int64_t>());
+  TORCH_CHECK(g.base != nullptr && g.world > 1, "decoder stack: invalid tp group state");
+  return g;
+}
+
+// A row-parallel projection (o, down) under tensor parallelism: the partial products
+// summed over the group, the bias added once after the sum, as RowParallelLinear does
+// (same kernels, same order: the module path's bits).
+at::Tensor row_parallel(const Proj& p, const at::Tensor& a, int64_t gemv_max_m,
+                        const shm::Group* tp) {
+  if (tp == nullptr) return p(a, gemv_max_m);
+  Proj unbiased = p;
+  unbiased.b.reset();
+  at::Tensor y = unbiased(a, gemv_max_m).contiguous();
+  bool ok = true;
+  GLOWLM_DISPATCH_FLOAT_TYPES(y.scalar_type(), "tensor-parallel all-reduce", [&] {
+    ok = shm::all_reduce(*tp, ptr<scalar_t>(y), y.numel());
+  });
+  TORCH_CHECK(ok, "glowlm: the tensor-parallel group was stopped (another rank ended)");
+  return p.b ? y.add(*p.b) : y;
+}
 
 }  // namespace
 
@@ -105,7 +136,8 @@ std::tuple<at::Tensor, at::Tensor> rms_layer(
     const Proj& gate_up_p, const Proj& down_p, at::Tensor& kv_cache,
     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m) {
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m,
+    const shm::Group* tp = nullptr) {
   TORCH_CHECK(x.dim() == 2, "rms_decoder_layer: x must be [tokens, hidden]");
   const int64_t M = x.size(0), qs = num_heads * head_size, kvs = num_kv_heads * head_size;
   TORCH_CHECK(qkv_p.rows() == qs + 2 * kvs,
@@ -131,9 +163,10 @@ std::tuple<at::Tensor, at::Tensor> rms_layer(
   write_kv(kv_cache, k, v, slot_mapping);
   at::Tensor attn =
       paged_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale).flatten(1);
-  std::tie(h, res) = fused_add_rms_norm(o_p(attn, gemv_max_m), res, ln2_w, eps);
+  std::tie(h, res) =
+      fused_add_rms_norm(row_parallel(o_p, attn, gemv_max_m, tp), res, ln2_w, eps);
   at::Tensor up = gate_up_p(h, gemv_max_m);
-  return {down_p(silu_and_mul(up), gemv_max_m), res};
+  return {row_parallel(down_p, silu_and_mul(up), gemv_max_m, tp), res};
 }
 
 }  // namespace
@@ -211,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack(
                              {}, kv_caches, cos_sin_cache,
                              rotary_dim, is_neox, block_tables, query_start_loc, seq_lens,
                              slot_mapping, num_heads, num_kv_heads, head_size, scale, eps,
-                             gemv_max_m);
+                             gemv_max_m, std::nullopt);
 }
 
 // The stack with quantized projections: the weights list as above, with a projection's
@@ -221,7 +254,9 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack(
 // input scale as a float32 [1] or None for dynamic; bits kW8A8, param the input zero
 // point), dense (None x 3; bits 0). Empty lists: every projection dense. Quantized
 // decode needs this most: its weights stream 2-4x faster than bf16, so the Python
-// between the ops would be an even larger share.
+// between the ops would be an even larger share. ``tp`` (tensor-parallel shards): the
+// group whose all-reduce follows each layer's o and down projections (see tp_group);
+// without it the stack would have to hand every layer back to Python for its sums.
 std::tuple<at::Tensor, at::Tensor> rms_decoder_stack_q(
     const at::Tensor& positions, const at::Tensor& x_in, const std::optional<at::Tensor>& residual,
     const c10::List<std::optional<at::Tensor>>& w,
@@ -229,8 +264,10 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack_q(
     at::TensorList kv_caches, const at::Tensor& cos_sin_cache, int64_t rotary_dim,
     bool is_neox, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m) {
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m,
+    const std::optional<at::Tensor>& tp) {
   const int64_t layers = stack_layers(w, kRmsWeights, kv_caches, "rms_decoder_stack");
+  const std::optional<shm::Group> group = tp_group(tp);
   const bool quantized = !info.empty();
   TORCH_CHECK(!quantized || (static_cast<int64_t>(info.size()) == layers * 4 * 3 &&
                              static_cast<int64_t>(quant.size()) == layers * 4 * 3),
@@ -263,7 +300,7 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack_q(
         positions, x, res, need(w, b), proj(l, 0), w.get(b + 3), w.get(b + 4), cos_sin_cache,
         rotary_dim, is_neox, proj(l, 1), need(w, b + 7), proj(l, 2), proj(l, 3), cache,
         block_tables, query_start_loc, seq_lens, slot_mapping, num_heads, num_kv_heads,
-        head_size, scale, eps, gemv_max_m);
+        head_size, scale, eps, gemv_max_m, group ? &*group : nullptr);
     x = out;
     res = r;
   }

@@ -86,7 +86,8 @@ std::tuple<at::Tensor, at::Tensor> rms_decoder_stack_q(
     at::TensorList kv_caches, const at::Tensor& cos_sin_cache, int64_t rotary_dim,
     bool is_neox, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m,
+    const std::optional<at::Tensor>& tp);
 // gemma_layer.cpp: Gemma 3's layers (four norms, GeGLU, a rotary table per layer).
 std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
     const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
@@ -96,6 +97,8 @@ std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
+// collective.cpp: the shared-memory all-reduce the tensor-parallel stacks run.
+void shm_all_reduce(at::Tensor& x, const at::Tensor& tp);
 // quant_linear.cpp: weight-only int4/int8 and int8 x int8 (the stack's quantized
 // projections).
 at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,

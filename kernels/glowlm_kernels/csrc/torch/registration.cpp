@@ -56,7 +56,10 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
         " Tensor?[] quant, int[] info, Tensor(a!)[] kv_caches, Tensor cos_sin_cache,"
         " int rotary_dim, bool is_neox, Tensor block_tables, Tensor query_start_loc,"
         " Tensor seq_lens, Tensor slot_mapping, int num_heads, int num_kv_heads,"
-        " int head_size, float scale, float eps, int gemv_max_m) -> (Tensor, Tensor)");
+        " int head_size, float scale, float eps, int gemv_max_m, Tensor? tp=None)"
+        " -> (Tensor, Tensor)");
+  // The shared-memory all-reduce of glowlm.distributed.shm (collective.cpp).
+  m.def("shm_all_reduce(Tensor(a!) x, Tensor tp) -> ()");
   // Gemma 3's layers (gemma_layer.cpp): 15 weights per layer, its rotary table last;
   // each layer's attention window (0: none).
   m.def("gemma_decoder_stack(Tensor positions, Tensor x, Tensor? residual, Tensor?[] weights,"
@@ -85,4 +88,5 @@ GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("rms_decoder_stack", &glowlm::rms_decoder_stack);
   m.impl("rms_decoder_stack_q", &glowlm::rms_decoder_stack_q);
   m.impl("gemma_decoder_stack", &glowlm::gemma_decoder_stack);
+  m.impl("shm_all_reduce", &glowlm::shm_all_reduce);
 }

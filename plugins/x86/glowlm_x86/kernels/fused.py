@@ -69,6 +69,7 @@ def make_rms_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
                           kv_cache: torch.Tensor, metadata: AttentionMetadata,
                           spec: AttentionLayerSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
         if (x.dim() != 2 or w.quant is not None  # quantized layers: the stack runs them
+                or w.tp_group is not None  # and so do tensor-parallel shards
                 or not attention.supports(spec.head_size, metadata.block_size, kv_cache.dtype)
                 or not _kernel_dtypes(w.qkv_weight, w.gate_up_weight)):
             return None
@@ -81,6 +82,8 @@ def make_rms_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
             spec.scale, w.eps, policy.gemv_max_m)
 
     rms_decoder_layer.accepts_quantized = True  # type: ignore[attr-defined]
+    # Admitted so that the stack over these layers can be; declined one by one above.
+    rms_decoder_layer.accepts_tensor_parallel = True  # type: ignore[attr-defined]
     return rms_decoder_layer
 
 
@@ -195,13 +198,20 @@ def make_rms_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
             return None
         first = layers[0]
         parts = quant_lists.get(id(layers))  # set by make() for quantized layers
-        if parts is not None:
+        tp = None
+        if first.tp_group is not None:  # shards: the kernels all-reduce o and down
+            native = getattr(first.tp_group, "native_state", None)
+            if native is None:
+                return None  # a group without shared memory (ranks on other hosts)
+            tp = native()
+        if parts is not None or tp is not None:
+            quant, info = parts if parts is not None else ([], [])
             return torch.ops.glowlm_x86.rms_decoder_stack_q(
-                positions, x, residual, weights, parts[0], parts[1], list(kv_caches),
+                positions, x, residual, weights, quant, info, list(kv_caches),
                 first.cos_sin_cache, first.rotary_dim, first.is_neox, metadata.block_tables,
                 metadata.query_start_loc, metadata.seq_lens, metadata.slot_mapping,
                 spec.num_heads, spec.num_kv_heads, spec.head_size, spec.scale, first.eps,
-                policy.gemv_max_m)
+                policy.gemv_max_m, tp)
         return torch.ops.glowlm_x86.rms_decoder_stack(
             positions, x, residual, weights, list(kv_caches), first.cos_sin_cache,
             first.rotary_dim, first.is_neox, metadata.block_tables, metadata.query_start_loc,
@@ -209,6 +219,7 @@ def make_rms_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
             spec.head_size, spec.scale, first.eps, policy.gemv_max_m)
 
     rms_decoder_stack.accepts_quantized = True  # type: ignore[attr-defined]
+    rms_decoder_stack.accepts_tensor_parallel = True  # type: ignore[attr-defined]
     return rms_decoder_stack
 
 

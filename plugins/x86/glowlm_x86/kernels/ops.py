@@ -18,7 +18,7 @@ from torch import Tensor
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul",
             "gelu", "gelu_tanh", "relu", "gemv", "gemm", "write_kv", "paged_attention",
             "ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack",
-            "rms_decoder_stack_q", "gemma_decoder_stack")
+            "rms_decoder_stack_q", "gemma_decoder_stack", "shm_all_reduce")
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -184,8 +184,8 @@ def _register_fakes() -> None:
           quant: list[Tensor | None], info: list[int], kv_caches: list[Tensor],
           cos_sin_cache: Tensor, rotary_dim: int, is_neox: bool, block_tables: Tensor,
           query_start_loc: Tensor, seq_lens: Tensor, slot_mapping: Tensor, num_heads: int,
-          num_kv_heads: int, head_size: int, scale: float, eps: float, gemv_max_m: int
-          ) -> tuple[Tensor, Tensor]:
+          num_kv_heads: int, head_size: int, scale: float, eps: float, gemv_max_m: int,
+          tp: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return x.new_empty(x.shape), x.new_empty(x.shape)
 
     @reg("glowlm_x86::gemma_decoder_stack")
