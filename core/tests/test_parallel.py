@@ -156,3 +156,34 @@ def test_sigterm_stops_every_rank(tiny_model_dir, tmp_path) -> None:  # noqa: AN
             proc.kill()
 
 
+
+
+def test_the_tp_start_up_line_says_which_stacks_run_sharded(caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
+    """Only a stack that does the all-reduces itself (``accepts_tensor_parallel``) is
+    announced as running under TP; the others as module by module."""
+    import logging
+
+    from glowlm.engine.setup import _log_fused_under_tp
+    from glowlm.ops.table import OpsTable
+
+    def stack(*args: object) -> None:
+        return None
+
+    def sharded(*args: object) -> None:
+        return None
+
+    sharded.accepts_tensor_parallel = True  # type: ignore[attr-defined]
+    logger = logging.getLogger("glowlm")
+    logger.addHandler(caplog.handler)
+    try:
+        _log_fused_under_tp(OpsTable(rms_decoder_stack=sharded, ln_decoder_stack=stack))
+        _log_fused_under_tp(OpsTable(ln_decoder_stack=stack))
+        _log_fused_under_tp(OpsTable())
+    finally:
+        logger.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "rms_decoder_stack run every layer" in lines[0]
+    assert "ln_decoder_stack layers run module by module" in lines[0]
+    assert lines[1].startswith("fused decoder layer/stack ops off under tensor parallelism")

@@ -122,11 +122,8 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
             if "intermediate" not in inspect.signature(cls.forward).parameters:
                 raise ConfigError(f"{cls.__name__} does not support pipeline parallelism "
                                   "yet; use --tensor-parallel-size")
-        if parts.parallel.tp_size > 1 and rank == 0 and (ops.rms_decoder_layer is not None
-                                                         or ops.ln_decoder_layer is not None):
-            logger.info("fused decoder layer/stack ops off under tensor parallelism: they run "
-                        "the dense linears themselves and would skip the all-reduce between "
-                        "ranks; layers run module by module")
+        if parts.parallel.tp_size > 1 and rank == 0:
+            _log_fused_under_tp(ops)
     max_model_len = resolve_max_model_len(config, info)
     from glowlm.runtime import binding, preload
 
@@ -179,3 +176,23 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
     config = dataclasses.replace(config, max_model_len=max_model_len)
     return EngineSetup(config, platform, selection.reason, info, parts, model, tokenizer,
                        max_model_len, num_blocks, vocab, huge)
+
+
+def _log_fused_under_tp(ops: Any) -> None:
+    """Which fused decoder ops run under tensor parallelism (start-up line): only those
+    that do the all-reduces between ranks themselves (``accepts_tensor_parallel``)."""
+    fused = {"rms_decoder_stack": ops.rms_decoder_stack, "decoder_stack": ops.decoder_stack,
+             "ln_decoder_stack": ops.ln_decoder_stack}
+    present = {n: f for n, f in fused.items() if f is not None}
+    if not present:
+        return
+    take = [n for n, f in present.items() if getattr(f, "accepts_tensor_parallel", False)]
+    rest = [n for n in present if n not in take]
+    if take:
+        logger.info("fused decoder stacks under tensor parallelism: %s run every layer with "
+                    "the all-reduces between ranks in compiled code%s", ", ".join(take),
+                    f"; {', '.join(rest)} layers run module by module" if rest else "")
+    else:
+        logger.info("fused decoder layer/stack ops off under tensor parallelism: they run "
+                    "the dense linears themselves and would skip the all-reduce between "
+                    "ranks; layers run module by module")
