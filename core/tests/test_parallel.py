@@ -184,6 +184,6 @@ def test_the_tp_start_up_line_says_which_stacks_run_sharded(caplog: pytest.LogCa
         logger.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
-    assert "rms_decoder_stack run every layer" in lines[0]
-    assert "ln_decoder_stack layers run module by module" in lines[0]
+    assert "rms_decoder_stack: every layer in one call" in lines[0]
+    assert "layers for ln_decoder_stack: module by module" in lines[0]
     assert lines[1].startswith("fused decoder layer/stack ops off under tensor parallelism")

@@ -189,9 +189,9 @@ def _log_fused_under_tp(ops: Any) -> None:
     take = [n for n, f in present.items() if getattr(f, "accepts_tensor_parallel", False)]
     rest = [n for n in present if n not in take]
     if take:
-        logger.info("fused decoder stacks under tensor parallelism: %s run every layer with "
-                    "the all-reduces between ranks in compiled code%s", ", ".join(take),
-                    f"; {', '.join(rest)} layers run module by module" if rest else "")
+        logger.info("fused decoder stacks under tensor parallelism: %s: every layer in one "
+                    "call, all-reduces between ranks in compiled code%s", ", ".join(take),
+                    f"; layers for {', '.join(rest)}: module by module" if rest else "")
     else:
         logger.info("fused decoder layer/stack ops off under tensor parallelism: they run "
                     "the dense linears themselves and would skip the all-reduce between "
