@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from glowlm import LLM, SamplingParams
-from glowlm.distributed.shm import ShmGroup, create_segment, unlink_segment
-from glowlm.testing.parallel import rank_env
+from glowlm.testing.parallel import ShmGroup, create_segment, rank_env, unlink_segment
 from glowlm.testing.tiny_models import make_tiny_model
 from glowlm_x86.kernels.testing import require_kernels
 
@@ -28,7 +27,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _RANK = r"""
 import sys, torch
-from glowlm.distributed.shm import ShmGroup
+from glowlm.testing.parallel import ShmGroup
 from glowlm.plugin_api import core_env, live_host
 from glowlm_x86.kernels import cpu_isa, load
 path, rank, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
