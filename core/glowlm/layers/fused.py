@@ -110,6 +110,18 @@ class FusedStack(Generic[W]):
         return [kv_caches[i] for i in indices]
 
 
+def projection_weights(projs: Sequence[Any]) -> tuple[list[torch.Tensor], tuple[Any, ...] | None]:
+    """A fused layer's projection weights: each dense weight, or an empty placeholder where
+    the projection is quantized, and the quantized ones' prepared forms
+    (``layer.quant_weight``, None where dense; None altogether when all are dense), as
+    the descriptions' ``*_weight`` and ``quant`` fields take them. Only ops that accept
+    quantized layers are given such weights (:class:`FusedLayer`)."""
+    quant = tuple(getattr(p, "quant_weight", None) for p in projs)
+    weights = [torch.empty(0) if q is not None else p.weight
+               for p, q in zip(projs, quant, strict=True)]
+    return weights, quant if any(q is not None for q in quant) else None
+
+
 def decoder_layer_op(ops: OpsTable) -> Callable[..., Any] | None:
     """The platform's per-layer op for :class:`~glowlm.ops.fused.DecoderLayerWeights`
     layers: its ``decoder_layer``, else its LayerNorm/RMSNorm layer op through the

@@ -51,7 +51,7 @@ from glowlm.layers.activation import GatedActivation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from glowlm.layers.fused import FusedLayer, FusedStack
+from glowlm.layers.fused import FusedLayer, FusedStack, projection_weights
 from glowlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import GemmaRMSNorm
 from glowlm.layers.rotary import RotaryEmbedding
@@ -169,11 +169,7 @@ class Gemma3DecoderLayer(nn.Module):
     def _fused_weights(self) -> DecoderLayerWeights:
         a, m = self.self_attn, self.mlp
         projs = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
-        # A quantized projection has no dense weight: its method's prepared form goes in
-        # ``quant`` (only ops that accept quantized layers are given these weights).
-        quant = tuple(getattr(p, "quant_weight", None) for p in projs)
-        qkv_w, o_w, up_w, down_w = (torch.empty(0) if q is not None else p.weight
-                                    for p, q in zip(projs, quant, strict=True))
+        (qkv_w, o_w, up_w, down_w), quant = projection_weights(projs)
         return DecoderLayerWeights(
             norm="rms", norm1_weight=self.input_layernorm.weight, norm1_bias=None,
             qkv_weight=qkv_w, qkv_bias=a.qkv_proj.bias, o_weight=o_w, o_bias=a.o_proj.bias,
@@ -185,7 +181,7 @@ class Gemma3DecoderLayer(nn.Module):
             post_norm1_weight=self.post_attention_layernorm.weight,
             post_norm2_weight=self.post_feedforward_layernorm.weight,
             sliding_window=a.attn.spec.sliding_window,
-            quant=quant if any(q is not None for q in quant) else None)
+            quant=quant)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,

@@ -17,7 +17,7 @@ from glowlm.layers.activation import SiluAndMul
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from glowlm.layers.fused import FusedLayer, FusedStack
+from glowlm.layers.fused import FusedLayer, FusedStack, projection_weights
 from glowlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import RMSNorm
 from glowlm.layers.rotary import RotaryEmbedding, rope_settings
@@ -97,11 +97,7 @@ class LlamaDecoderLayer(nn.Module):
     def _fused_weights(self) -> RmsDecoderWeights:
         a, m = self.self_attn, self.mlp
         projs = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
-        # A quantized projection has no dense weight: its method's prepared form goes in
-        # ``quant`` (only ops that accept quantized layers are given these weights).
-        quant = tuple(getattr(p, "quant_weight", None) for p in projs)
-        qkv_w, o_w, gate_up_w, down_w = (torch.empty(0) if q is not None else p.weight
-                                          for p, q in zip(projs, quant, strict=True))
+        (qkv_w, o_w, gate_up_w, down_w), quant = projection_weights(projs)
         return RmsDecoderWeights(
             self.input_layernorm.weight, qkv_w, a.qkv_proj.bias,
             a.q_norm.weight if a.q_norm is not None else None,
@@ -109,7 +105,7 @@ class LlamaDecoderLayer(nn.Module):
             a.rotary.cos_sin_cache, a.rotary.rotary_dim, a.rotary.is_neox, o_w,
             a.o_proj.bias, self.post_attention_layernorm.weight, gate_up_w,
             m.gate_up_proj.bias, down_w, m.down_proj.bias, self.input_layernorm.eps,
-            quant=quant if any(q is not None for q in quant) else None,
+            quant=quant,
             tp_group=self.fused.tp_group)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
