@@ -37,6 +37,24 @@ MANIFEST = harness.REPO / "deploy" / "kubernetes.yaml"
 REFUSED = "NUMA binding refused"
 
 
+def host_kernel_level() -> tuple[str, str]:
+    """The x86 platform's ISA and the kernel module the container must map on this CPU.
+
+    The container runs on the host's CPU, so an AVX2-only host serves through the
+    ``avx2`` path and module, an AVX-512 host through ``avx512`` (with the
+    ``avx512_bf16`` module where the CPU has the instruction).
+    """
+    flags: set[str] = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    if "avx512f" in flags:
+        module = "_kernels_avx512_bf16" if "avx512_bf16" in flags else "_kernels_avx512"
+        return "avx512", module
+    return "avx2", "_kernels_avx2"
+
+
 def manifest_run_args() -> tuple[list[str], list[str]]:
     """``docker run`` options and ``serve`` flags equal to the Kubernetes manifest's."""
     deployment = next(d for d in yaml.safe_load_all(MANIFEST.read_text())
@@ -121,14 +139,15 @@ def test_metrics_are_served(served: harness.Container) -> None:
 def test_startup_lines_show_compiled_kernels_and_the_memory_plan(
         served: harness.Container) -> None:
     log = served.logs()
-    assert "platform x86 (avx512" in log, log[-3000:]
+    isa, module = host_kernel_level()
+    assert f"platform x86 ({isa})" in log, log[-3000:]
     assert "reference kernels" not in log and "at run time" not in log, log[-3000:]
     # The serving process has a module built into the image mapped (not a run-time
     # build in the kernel cache).
     maps = served.docker("exec", served.name, "sh", "-c",
                          "cat /proc/[0-9]*/maps 2>/dev/null | grep -o '/[^ ]*_kernels_[^ ]*' "
                          "| sort -u", check=False).stdout.split()
-    assert maps and all(m.startswith("/opt/glowlm/venv/lib/") and "/glowlm_x86/_kernels_avx512"
+    assert maps and all(m.startswith("/opt/glowlm/venv/lib/") and f"/glowlm_x86/{module}."
                         in m for m in maps), maps
     plan = next(line for line in log.splitlines() if "memory per rank: weights" in line)
     assert "KV cache 2.00 GiB (GLOWLM_CPU_KVCACHE_SPACE)" in plan, plan
