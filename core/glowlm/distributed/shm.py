@@ -36,7 +36,8 @@ import os
 import platform
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -125,6 +126,19 @@ class ShmGroup:
                                     int(spin_seconds * 1e9), 0], dtype=torch.int64)
         self._counter = self._state.numpy()
         self.dead_reason = "another rank stopped"
+        #: The platform's compiled all-reduce (``OpsTable.shm_all_reduce``), if any.
+        self._compiled: Callable[[torch.Tensor, torch.Tensor], Any] | None = None
+
+    def use_compiled_all_reduce(self, fn: Callable[[torch.Tensor, torch.Tensor], Any] | None
+                                ) -> None:
+        """Run :meth:`all_reduce` through ``fn(x, native_state())`` from now on.
+
+        Why: the Python path costs tens of microseconds of interpreter and torch
+        dispatch per call, and a TP decode step makes two all-reduces per layer; the
+        compiled one follows the same protocol on the same segment and counter, so
+        the group may switch at any op (every rank still issues the same ops).
+        """
+        self._compiled = fn
 
     def native_state(self) -> torch.Tensor:
         """This group as compiled code sees it: int64 ``[segment address, world, rank,
@@ -207,6 +221,15 @@ class ShmGroup:
         Ranks add the parts in rank order, in float32 for half types, so the
         result does not depend on which rank computes it.
         """
+        if (self._compiled is not None and x.is_contiguous()
+                and x.dtype in (torch.float32, torch.bfloat16, torch.float16)):
+            try:
+                self._compiled(x, self._state)
+            except RuntimeError:
+                if self.aborted:
+                    raise RankFailure(self.dead_reason) from None
+                raise
+            return x
         flat = x.view(-1) if x.is_contiguous() else x.contiguous().view(-1)
         per = self.slot_bytes // flat.element_size()
         for start in range(0, flat.numel(), per):

@@ -122,7 +122,16 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
             if "intermediate" not in inspect.signature(cls.forward).parameters:
                 raise ConfigError(f"{cls.__name__} does not support pipeline parallelism "
                                   "yet; use --tensor-parallel-size")
+        tp_group = parts.parallel.tp_group
+        shared = hasattr(tp_group, "use_compiled_all_reduce")  # ranks on one host
+        if shared and ops.shm_all_reduce is not None:
+            tp_group.use_compiled_all_reduce(ops.shm_all_reduce)
         if parts.parallel.tp_size > 1 and rank == 0:
+            if shared:
+                logger.info("tensor-parallel all-reduce: shared memory, %s",
+                            f"compiled ({platform.name} platform's shm_all_reduce)"
+                            if ops.shm_all_reduce is not None else
+                            "Python path (the platform has no compiled shm_all_reduce)")
             _log_fused_under_tp(ops)
     max_model_len = resolve_max_model_len(config, info)
     from glowlm.runtime import binding, preload

@@ -43,6 +43,13 @@ class OpsTable:
     decoder_layer: Callable | None = None
     #: Consecutive ``DecoderLayerWeights`` layers in one call: ``DecoderStackFn``.
     decoder_stack: Callable | None = None
+    #: The shared-memory all-reduce in compiled code, ``fn(x, state)``: sums the
+    #: contiguous float tensor ``x`` over the group whose
+    #: :meth:`glowlm.distributed.shm.ShmGroup.native_state` is ``state``, in place, with
+    #: the Python path's protocol and bits; raises ``RuntimeError`` when the group was
+    #: stopped. A tensor-parallel rank's group uses it for every all-reduce outside the
+    #: fused stacks (module-by-module layers, the embedding) when the platform has one.
+    shm_all_reduce: Callable | None = None
 
     def without_fused(self) -> OpsTable:
         """This table with every fused layer and stack op removed (``GLOWLM_NO_FUSED_LAYERS``)."""

@@ -17,10 +17,10 @@ from pathlib import Path
 
 # Re-exported: plugin tests of compiled collectives that must agree with the shared-
 # memory group op by op reach core through the test kit only.
-from glowlm.distributed.shm import ShmGroup, create_segment, unlink_segment
+from glowlm.distributed.shm import RankFailure, ShmGroup, create_segment, unlink_segment
 
-__all__ = ["ENGINE", "ShmGroup", "child_pids", "create_segment", "greedy_tokens", "pid_alive",
-           "rank_env", "reference_tokens", "unlink_segment", "workload_prompts"]
+__all__ = ["ENGINE", "RankFailure", "ShmGroup", "child_pids", "create_segment", "greedy_tokens",
+           "pid_alive", "rank_env", "reference_tokens", "unlink_segment", "workload_prompts"]
 
 #: Engine arguments of the workload (small blocks and budget: preemption and chunking).
 ENGINE = dict(block_size=32, max_num_batched_tokens=48, max_num_seqs=4, num_kv_blocks=8,

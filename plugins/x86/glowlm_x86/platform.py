@@ -187,7 +187,8 @@ class X86Platform(Platform):
                          ln_decoder_stack=make_ln_decoder_stack(linear.policy, attention)
                          if fuse else None,
                          rms_decoder_stack=make_rms_decoder_stack(linear.policy, attention)
-                         if fuse else None)
+                         if fuse else None,
+                         shm_all_reduce=ops.shm_all_reduce)
         if not fuse:
             return table
         # Gemma 3's layers (described as DecoderLayerWeights; the others go through the

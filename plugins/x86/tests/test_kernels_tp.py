@@ -3,8 +3,10 @@
 The compiled all-reduce (``shm_all_reduce``, and inside ``rms_decoder_stack_q``) runs
 the protocol of :mod:`glowlm.distributed.shm` on the same segment and op counter as
 the Python group, so ranks may mix the two op by op: checked here with two real
-processes alternating them, chunked (tensors larger than a slot), in the three
-dtypes, against the sum the Python path defines (fp32 accumulation, one rounding).
+processes alternating them (directly, and as the group's own all-reduce once the
+platform's ``OpsTable.shm_all_reduce`` is plugged in, as an engine's TP rank does),
+chunked (tensors larger than a slot), in the three dtypes, against the sum the Python
+path defines (fp32 accumulation, one rounding).
 Then the engine: at TP = 2 the x86 stack runs every layer with its all-reduces in
 one call, and its tokens and log-probabilities equal the module path's at TP = 2
 bit for bit (same kernels, same reduction order).
@@ -19,8 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 from glowlm import LLM, SamplingParams
-from glowlm.testing.parallel import ShmGroup, create_segment, rank_env, unlink_segment
+from glowlm.testing.parallel import (
+    RankFailure,
+    ShmGroup,
+    create_segment,
+    rank_env,
+    unlink_segment,
+)
 from glowlm.testing.tiny_models import make_tiny_model
+from glowlm_x86.kernels import ops
 from glowlm_x86.kernels.testing import require_kernels
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -29,17 +38,22 @@ _RANK = r"""
 import sys, torch
 from glowlm.testing.parallel import ShmGroup
 from glowlm.plugin_api import core_env, live_host
-from glowlm_x86.kernels import cpu_isa, load
+from glowlm_x86.kernels import cpu_isa, load, ops
 path, rank, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 assert load(cpu_isa(live_host()), core_env().kernel_cache) is not None
 group = ShmGroup(path, 2, rank, slot_bytes=4096, spin_seconds=0.0)
 results = []
-for i, dtype in enumerate([torch.float32, torch.bfloat16, torch.float16] * 2):
+for i, dtype in enumerate([torch.float32, torch.bfloat16, torch.float16] * 3):
     x = ((torch.arange(3000, dtype=torch.float32) * 0.37 + i) * (rank + 1)).sin().to(dtype)
-    if (i + rank) % 2:
+    way = (i + rank) % 3
+    if way == 0:
         torch.ops.glowlm_x86.shm_all_reduce(x, group.native_state())
+    elif way == 1:
+        group.all_reduce(x)  # the Python path
     else:
-        group.all_reduce(x)
+        group.use_compiled_all_reduce(ops.shm_all_reduce)
+        assert group.all_reduce(x) is x
+        group.use_compiled_all_reduce(None)
     results.append(x)
 torch.save(results, out)
 """
@@ -62,7 +76,7 @@ def test_compiled_all_reduce_interleaves_with_the_python_group(tmp_path: Path) -
     finally:
         unlink_segment(path)
     got = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
-    for i, dtype in enumerate(DTYPES * 2):
+    for i, dtype in enumerate(DTYPES * 3):
         want = (_part(i, 0, dtype).float() + _part(i, 1, dtype).float()).to(dtype)
         assert torch.equal(got[0][i], want) and torch.equal(got[1][i], want), (i, dtype)
 
@@ -75,6 +89,10 @@ def test_compiled_all_reduce_raises_once_the_group_is_stopped() -> None:
         group.abort()  # as the driver does when a rank dies: rank 1 never answers
         with pytest.raises(RuntimeError, match="stopped"):
             torch.ops.glowlm_x86.shm_all_reduce(torch.ones(8), group.native_state())
+        group.dead_reason = "rank 1 died"
+        group.use_compiled_all_reduce(ops.shm_all_reduce)
+        with pytest.raises(RankFailure, match="rank 1 died"):  # what the engine handles
+            group.all_reduce(torch.ones(8))
     finally:
         unlink_segment(path)
 

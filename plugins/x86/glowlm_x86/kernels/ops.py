@@ -56,6 +56,11 @@ def relu(x: Tensor) -> Tensor:
     return torch.ops.glowlm_x86.relu(x)
 
 
+def shm_all_reduce(x: Tensor, state: Tensor) -> None:
+    """Sum ``x`` over a shared-memory group in place (``OpsTable.shm_all_reduce``)."""
+    torch.ops.glowlm_x86.shm_all_reduce(x, state)
+
+
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` streaming the weight once (fp32 accumulate); ``x``: [M, K]."""
     return torch.ops.glowlm_x86.gemv(x, weight, bias)
