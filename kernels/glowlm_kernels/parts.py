@@ -34,7 +34,7 @@ from glowlm_kernels import build
 #: The ops these parts use (``Capabilities.kernels`` of a platform running them).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding",
             "silu_and_mul", "gelu", "gelu_tanh", "relu", "gemv", "gemm", "write_kv",
-            "paged_attention")
+            "paged_attention", "paged_attention_window")
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: fp32 lanes per vector of every non-x86 variant (head and block sizes must be multiples).
 VECTOR_WIDTH = 8
@@ -121,7 +121,9 @@ class CompiledAttentionBackend(AttentionBackend):
     """Compiled decode + chunked-prefill paged attention on core's cache layout.
 
     Shapes the kernel does not cover (head or block size not a multiple of 8, other
-    cache dtypes, a sliding window) run core's reference backend.
+    cache dtypes) run core's reference backend. A layer with a sliding window (Gemma 3's
+    local layers) runs ``paged_attention_window``, which attends the keys ``p`` with
+    ``q - window < p <= q`` only.
     """
 
     def __init__(self, namespace: str) -> None:
@@ -136,15 +138,20 @@ class CompiledAttentionBackend(AttentionBackend):
     def forward(self, layer: AttentionLayerSpec, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
                 ) -> torch.Tensor:
-        windowed = getattr(layer, "sliding_window", None)
-        if windowed or not self.supports(layer.head_size, metadata.block_size, kv_cache.dtype):
+        if not self.supports(layer.head_size, metadata.block_size, kv_cache.dtype):
             if metadata.num_decodes and "decode_mask" not in metadata.extras:
                 self._reference.build_metadata(metadata)
             return self._reference.forward(layer, query, key, value, kv_cache, metadata)
         self._ops.write_kv(kv_cache, key, value, metadata.slot_mapping)
-        out = self._ops.paged_attention(query, kv_cache, metadata.block_tables,
-                                        metadata.query_start_loc, metadata.seq_lens,
-                                        layer.scale)
+        window = getattr(layer, "sliding_window", None)
+        if window and metadata.max_seq_len > window:  # the window hides some keys
+            out = self._ops.paged_attention_window(query, kv_cache, metadata.block_tables,
+                                                   metadata.query_start_loc,
+                                                   metadata.seq_lens, layer.scale, window)
+        else:
+            out = self._ops.paged_attention(query, kv_cache, metadata.block_tables,
+                                            metadata.query_start_loc, metadata.seq_lens,
+                                            layer.scale)
         return out.flatten(1)
 
 

@@ -1,12 +1,13 @@
 """The x86 attention backend with sliding-window layers (Gemma 3's local layers).
 
-The compiled kernel has no window. While every sequence of a step fits inside the
-layer's window the window hides nothing and the kernel runs: the output is
-bit-identical to the kernel's output for the same layer without a window. A step
-with a longer sequence goes to core's reference backend, which masks: the output
-is bit-identical to the reference backend's and matches attention written out
-(core/tests/test_attention_window.py). Either way the written cache is the
-reference's.
+While every sequence of a step fits inside the layer's window the window hides
+nothing and the plain kernel runs: the output is bit-identical to the kernel's output
+for the same layer without a window. A step with a longer sequence runs the windowed
+kernel (``paged_attention_window``): it matches core's reference backend, which masks
+and is itself checked against attention written out (core/tests/test_attention_window.py),
+within the plain kernel's tolerances against it (fp32 summation order; one output ulp
+in bf16), across decodes and prefill chunks that start before, at and past the window,
+and over block boundaries. Either way the written cache is the reference's.
 """
 
 from __future__ import annotations
@@ -53,14 +54,33 @@ def test_kernel_runs_while_the_window_hides_nothing(dtype: torch.dtype) -> None:
     assert torch.equal(windowed, plain) and torch.equal(cache_w, cache_p)
 
 
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
+
+
+@pytest.mark.parametrize("window", [12, 32, 40])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_longer_sequences_go_to_the_reference_backend(dtype: torch.dtype) -> None:
+def test_longer_sequences_run_the_windowed_kernel(dtype: torch.dtype, window: int) -> None:
     x86 = X86AttentionBackend(vector_width())
-    got, cache = _run(x86, LONG, 12, dtype)
-    want, want_cache = _run(ReferenceAttentionBackend(), LONG, 12, dtype)
-    assert torch.equal(got, want) and torch.equal(cache, want_cache)
+    got, cache = _run(x86, LONG, window, dtype)
+    want, want_cache = _run(ReferenceAttentionBackend(), LONG, window, dtype)
+    assert torch.equal(cache, want_cache)
+    torch.testing.assert_close(got, want, **TOL[dtype])
     unwindowed, _ = _run(x86, LONG, None, dtype)
     assert not torch.allclose(got.float(), unwindowed.float(), atol=0.1)  # the window masked
+
+
+def test_windowed_op_with_window_zero_is_the_plain_kernel() -> None:
+    from glowlm_x86.kernels import ops
+
+    g = torch.Generator().manual_seed(3)
+    steps = [(1, 70), (16, 64)]
+    meta = step_metadata(steps, [[0, 1, 2], [3, 4]], BLOCK)
+    cache = torch.randn(2, 5, KV_HEADS, BLOCK, HEAD, generator=g)
+    q = torch.randn(17, HEADS, HEAD, generator=g)
+    args = (q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.125)
+    assert torch.equal(ops.paged_attention_window(*args, 0), ops.paged_attention(*args))
+    with pytest.raises(RuntimeError, match="window must be >= 0"):
+        ops.paged_attention_window(*args, -1)
 
 
 def test_kernel_covers() -> None:

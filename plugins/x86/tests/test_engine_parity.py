@@ -110,7 +110,8 @@ def test_platform_names_the_kernels_that_loaded() -> None:
                                          "rotary_embedding", "silu_and_mul", "gelu",
                                          "gelu_tanh", "relu", "dense_linear", "ln_decoder_layer",
                                          "rms_decoder_layer", "ln_decoder_stack",
-                                         "rms_decoder_stack", "decoder_layer", "decoder_stack"]
+                                         "rms_decoder_stack", "decoder_layer", "decoder_stack",
+                                         "shm_all_reduce"]
     assert platform.capabilities.kernels == OP_NAMES
     assert platform.attention_backend().name == "x86"
     assert isinstance(platform.unquantized_linear_method(), X86LinearMethod)

@@ -2,8 +2,8 @@
 
 The tiny Gemma 3 (glowlm.testing.tiny_models: 12-token window, local and global
 layers) runs its modules (no fused layer covers its shape) on the x86 norms, rotary,
-GEMV/GEMM and paged attention; its local layers run the kernel while a step's
-sequences fit the window and the reference backend after. fp32 greedy tokens must
+GEMV/GEMM and paged attention; its local layers run the plain kernel while a step's
+sequences fit the window and the windowed kernel after. fp32 greedy tokens must
 equal the generic platform's and transformers', whole and in 16-token chunks; the
 bf16 prompt log-probabilities agree with transformers' within 0.125 (two bf16 ulps
 of a logit in [8, 16), the bound core/tests/test_gemma3.py explains).

@@ -30,6 +30,8 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
   m.def("write_kv(Tensor(a!) kv_cache, Tensor key, Tensor value, Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables,"
         " Tensor query_start_loc, Tensor seq_lens, float scale) -> Tensor");
+  m.def("paged_attention_window(Tensor query, Tensor kv_cache, Tensor block_tables,"
+        " Tensor query_start_loc, Tensor seq_lens, float scale, int window) -> Tensor");
   m.def("ln_decoder_layer(Tensor x, Tensor ln1_w, Tensor? ln1_b, Tensor qkv_w, Tensor? qkv_b,"
         " Tensor out_w, Tensor? out_b, Tensor ln2_w, Tensor? ln2_b, Tensor fc1_w, Tensor? fc1_b,"
         " Tensor fc2_w, Tensor? fc2_b, Tensor(a!) kv_cache, Tensor block_tables,"
@@ -82,6 +84,7 @@ GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("gemm", &glowlm::gemm);
   m.impl("write_kv", &glowlm::write_kv);
   m.impl("paged_attention", &glowlm::paged_attention);
+  m.impl("paged_attention_window", &glowlm::paged_attention_window);
   m.impl("ln_decoder_layer", &glowlm::ln_decoder_layer);
   m.impl("rms_decoder_layer", &glowlm::rms_decoder_layer);
   m.impl("ln_decoder_stack", &glowlm::ln_decoder_stack);

@@ -7,10 +7,11 @@ K/V, one ``paged_attention`` call attends every sequence (decodes and prefill
 chunks alike). Shapes the kernel does not cover (a head or block size that is
 not a multiple of the SIMD width) use core's reference backend instead.
 
-The kernel attends every earlier key (it has no sliding window). A layer with a
-window (Gemma 3's local layers) runs the kernel while every sequence of the step
-fits inside the window, where the window hides nothing, and is handed to the
-reference backend, which masks it, for a step in which some sequence is longer.
+A layer with a sliding window (Gemma 3's local layers) runs the plain kernel while
+every sequence of the step fits inside the window, where the window hides nothing,
+and ``paged_attention_window`` (the same kernel, attending only keys ``p`` with
+``q - window < p <= q``) once some sequence is longer: the very kernel Gemma 3's
+fused stack runs, so the module path and the stack agree past the window too.
 """
 
 from __future__ import annotations
@@ -44,18 +45,23 @@ class X86AttentionBackend(AttentionBackend):
 
     @staticmethod
     def kernel_covers(layer: AttentionLayerSpec, metadata: AttentionMetadata) -> bool:
-        """Whether the kernel's full causal attention is this layer's attention in this
-        step: no sequence is longer than the layer's window (a query at position q sees
-        keys p > q - window, so a context within the window hides none)."""
+        """Whether the plain kernel's full causal attention is this layer's attention in
+        this step: no sequence is longer than the layer's window (a query at position q
+        sees keys p > q - window, so a context within the window hides none); otherwise
+        the windowed kernel runs."""
         return layer.sliding_window is None or metadata.max_seq_len <= layer.sliding_window
 
     def forward(self, layer: AttentionLayerSpec, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
                 ) -> torch.Tensor:
-        if not (self.supports(layer.head_size, metadata.block_size, kv_cache.dtype)
-                and self.kernel_covers(layer, metadata)):
+        if not self.supports(layer.head_size, metadata.block_size, kv_cache.dtype):
             return self._reference.forward(layer, query, key, value, kv_cache, metadata)
         ops.write_kv(kv_cache, key, value, metadata.slot_mapping)
-        out = ops.paged_attention(query, kv_cache, metadata.block_tables,
-                                  metadata.query_start_loc, metadata.seq_lens, layer.scale)
+        if self.kernel_covers(layer, metadata):
+            out = ops.paged_attention(query, kv_cache, metadata.block_tables,
+                                      metadata.query_start_loc, metadata.seq_lens, layer.scale)
+        else:
+            out = ops.paged_attention_window(query, kv_cache, metadata.block_tables,
+                                             metadata.query_start_loc, metadata.seq_lens,
+                                             layer.scale, layer.sliding_window)
         return out.flatten(1)

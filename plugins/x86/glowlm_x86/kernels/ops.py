@@ -17,6 +17,7 @@ from torch import Tensor
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul",
             "gelu", "gelu_tanh", "relu", "gemv", "gemm", "write_kv", "paged_attention",
+            "paged_attention_window",
             "ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack",
             "rms_decoder_stack_q", "gemma_decoder_stack", "shm_all_reduce")
 
@@ -81,6 +82,16 @@ def paged_attention(query: Tensor, kv_cache: Tensor, block_tables: Tensor,
     """Causal attention of ``query`` ``[tokens, heads, head]`` over the paged cache."""
     return torch.ops.glowlm_x86.paged_attention(query, kv_cache, block_tables,
                                                 query_start_loc, seq_lens, scale)
+
+
+def paged_attention_window(query: Tensor, kv_cache: Tensor, block_tables: Tensor,
+                           query_start_loc: Tensor, seq_lens: Tensor, scale: float,
+                           window: int) -> Tensor:
+    """:func:`paged_attention` over the last ``window`` positions only: a query at
+    position ``q`` attends keys ``p`` with ``q - window < p <= q`` (0: every key)."""
+    return torch.ops.glowlm_x86.paged_attention_window(query, kv_cache, block_tables,
+                                                       query_start_loc, seq_lens, scale,
+                                                       window)
 
 
 _fakes_lock = threading.Lock()
@@ -148,6 +159,11 @@ def _register_fakes() -> None:
     @reg("glowlm_x86::paged_attention")
     def _(query: Tensor, kv_cache: Tensor, block_tables: Tensor, query_start_loc: Tensor,
           seq_lens: Tensor, scale: float) -> Tensor:
+        return query.new_empty(query.shape)
+
+    @reg("glowlm_x86::paged_attention_window")
+    def _(query: Tensor, kv_cache: Tensor, block_tables: Tensor, query_start_loc: Tensor,
+          seq_lens: Tensor, scale: float, window: int) -> Tensor:
         return query.new_empty(query.shape)
 
     @reg("glowlm_x86::ln_decoder_layer")
