@@ -181,7 +181,7 @@ class Gemma3DecoderLayer(nn.Module):
             post_norm1_weight=self.post_attention_layernorm.weight,
             post_norm2_weight=self.post_feedforward_layernorm.weight,
             sliding_window=a.attn.spec.sliding_window,
-            quant=quant)
+            quant=quant, tp_group=self.fused.tp_group)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,

@@ -198,6 +198,9 @@ class DecoderLayerWeights:
     #: Quantized projections (qkv, o, up, down) as in :attr:`RmsDecoderWeights.quant`:
     #: only ops that declare ``accepts_quantized`` receive such layers.
     quant: tuple[Any, Any, Any, Any] | None = None
+    #: Tensor-parallel shards: the TP group, as :attr:`RmsDecoderWeights.tp_group` (only
+    #: ops that declare ``accepts_tensor_parallel`` receive such layers).
+    tp_group: Any = None
 
     def _plain(self) -> bool:
         """No part that the OPT/GPT-2 and Llama-family forms lack."""
@@ -207,7 +210,7 @@ class DecoderLayerWeights:
     def as_ln(self) -> LnDecoderWeights | None:
         """The OPT/GPT-2 form (``ln_decoder_layer``/``_stack``), or None if it does not fit."""
         if (self.norm != "layer" or self.mlp != "plain" or self.rotary is not None
-                or not self._plain() or self.quant is not None
+                or not self._plain() or self.quant is not None or self.tp_group is not None
                 or self.q_norm_weight is not None or self.k_norm_weight is not None
                 or self.activation not in ("relu", "gelu", "gelu_tanh")):
             return None
@@ -233,7 +236,7 @@ class DecoderLayerWeights:
             is_neox=self.rotary.is_neox, o_weight=self.o_weight, o_bias=self.o_bias,
             ln2_weight=self.norm2_weight, gate_up_weight=self.up_weight,
             gate_up_bias=self.up_bias, down_weight=self.down_weight,
-            down_bias=self.down_bias, eps=self.eps, quant=self.quant)
+            down_bias=self.down_bias, eps=self.eps, quant=self.quant, tp_group=self.tp_group)
 
 
 #: ``fn(positions, x, residual, weights, kv_cache, metadata, spec)`` -> ``(out, residual)``

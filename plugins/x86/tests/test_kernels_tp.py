@@ -7,9 +7,9 @@ processes alternating them (directly, and as the group's own all-reduce once the
 platform's ``OpsTable.shm_all_reduce`` is plugged in, as an engine's TP rank does),
 chunked (tensors larger than a slot), in the three dtypes, against the sum the Python
 path defines (fp32 accumulation, one rounding).
-Then the engine: at TP = 2 the x86 stack runs every layer with its all-reduces in
-one call, and its tokens and log-probabilities equal the module path's at TP = 2
-bit for bit (same kernels, same reduction order).
+Then the engine: at TP = 2 the x86 stacks (Llama's and Gemma 3's) run every layer
+with its all-reduces in one call, and the tokens and log-probabilities equal the
+module path's at TP = 2 bit for bit (same kernels, same reduction order).
 """
 
 from __future__ import annotations
@@ -124,15 +124,17 @@ def _run_tp2(model: Path, dtype: str) -> tuple[list[list[int]], list[list[float]
             calls[0])
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_tp2_stack_equals_tp2_modules(dtype: str, tmp_path: Path,
+def test_tp2_stack_equals_tp2_modules(arch: str, dtype: str, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """GQA llama (4 heads, 2 KV heads): each rank holds 2 heads and 1 KV head."""
+    """GQA llama (4 heads, 2 KV heads): each rank holds 2 heads and 1 KV head. Gemma 3
+    (gemma_decoder_stack): local and global layers, prompts past its 12-token window."""
     require_kernels()
     for k, v in rank_env("x86").items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("GLOWLM_LINEAR_IMPL", "glowlm")  # the module path on the same kernels
-    model = make_tiny_model("llama", tmp_path / "llama")
+    model = make_tiny_model(arch, tmp_path / arch)
     tokens, logprobs, calls = _run_tp2(model, dtype)
     assert calls > 0, "the tensor-parallel stack should run"
     monkeypatch.setenv("GLOWLM_NO_FUSED_LAYERS", "1")

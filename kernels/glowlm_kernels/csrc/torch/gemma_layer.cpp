@@ -12,40 +12,27 @@
 // linears, write_kv + paged_attention; the GeGLU is ATen's tanh GELU times up, as core's
 // reference gelu_tanh_and_mul computes it), so results are bit-identical wherever the
 // module path runs the same kernels: every global layer, and a local one while its window
-// hides no key. Past that, a local layer attends its window in the paged attention
-// kernel (paged_attention_window), where the x86 module path hands it to core's reference
-// backend: the same attention in another order.
+// hides no key, and past it, where a local layer attends its window in
+// paged_attention_window as the x86 attention backend does. With `tp` (a TP rank's
+// shards) the o and down projections' partial outputs are summed over the group in C++
+// before their norms (torch/projection.h: RowParallelLinear's order, the module path's
+// bits at the same TP size).
 #include <ATen/ATen.h>
 
 #include <optional>
 #include <tuple>
 
 #include "torch/ops.h"
+#include "torch/projection.h"
 
 namespace glowlm {
 namespace {
 
-// One projection: dense (bits 0: w is the [N, K] weight, GEMV up to gemv_max_m rows,
-// GEMM beyond, as glowlm_x86.kernels.linear.dense_linear), weight-only quantized (bits
-// 4 or 8: wna16_linear's prepared layout, `param` the group size) or int8 x int8 (bits
-// kW8A8: w8a8_linear's layout, `param` the input zero point, input_scale <= 0 dynamic).
-// The same encoding as rms_decoder_stack_q's, so one Python helper builds both lists.
-constexpr int64_t kW8A8 = -8;
-
-struct Projection {
-  at::Tensor w;
-  std::optional<at::Tensor> b;
-  at::Tensor scales, zs;
-  int64_t bits = 0, param = 0, n = 0;
-  double input_scale = -1.0;
-
-  int64_t rows() const { return bits == 0 ? w.size(0) : n; }
-  at::Tensor operator()(const at::Tensor& a, int64_t gemv_max_m) const {
-    if (bits == 0) return a.size(0) <= gemv_max_m ? gemv(a, w, b) : gemm(a, w, b);
-    if (bits == kW8A8) return w8a8_linear(a, w, scales, zs, input_scale, param, n, b);
-    return wna16_linear(a.contiguous(), w, scales, zs, bits, param, n, b);
-  }
-};
+// Projections as rms_decoder_stack_q encodes them (torch/projection.h), so one Python
+// helper builds both lists; o and down are row-parallel under tensor parallelism.
+using proj::kW8A8;
+using proj::Proj;
+using proj::row_parallel;
 
 // Core's reference gelu_tanh_and_mul (the op the module path runs on x86): torch's tanh
 // GELU of the gate half, rounded to the dtype, times the up half.
@@ -86,8 +73,8 @@ at::Tensor need(const c10::List<std::optional<at::Tensor>>& w, int64_t i) {
 // input norm, or the final norm, adds them), as the module path does.
 std::tuple<at::Tensor, at::Tensor> gemma_layer(
     const Step& s, const at::Tensor& x, const std::optional<at::Tensor>& residual,
-    const c10::List<std::optional<at::Tensor>>& w, int64_t base, const Projection (&p)[4],
-    at::Tensor& kv_cache, int64_t window) {
+    const c10::List<std::optional<at::Tensor>>& w, int64_t base, const Proj (&p)[4],
+    at::Tensor& kv_cache, int64_t window, const shm::Group* tp) {
   const int64_t M = x.size(0), qs = s.num_heads * s.head_size,
                 kvs = s.num_kv_heads * s.head_size;
   TORCH_CHECK(p[0].rows() == qs + 2 * kvs,
@@ -112,9 +99,11 @@ std::tuple<at::Tensor, at::Tensor> gemma_layer(
   at::Tensor attn = paged_attention_window(q, kv_cache, s.block_tables, s.query_start_loc,
                                            s.seq_lens, s.scale, window)
                         .flatten(1);
-  at::Tensor o = rms_norm(p[1](attn, s.gemv_max_m), need(w, base + kPostAttnNorm), eps);
+  at::Tensor o = rms_norm(row_parallel(p[1], attn, s.gemv_max_m, tp),
+                          need(w, base + kPostAttnNorm), eps);
   std::tie(h, res) = fused_add_rms_norm(o, res, need(w, base + kPreFfnNorm), eps);
-  at::Tensor down = p[3](gelu_tanh_and_mul(p[2](h, s.gemv_max_m)), s.gemv_max_m);
+  at::Tensor down =
+      row_parallel(p[3], gelu_tanh_and_mul(p[2](h, s.gemv_max_m)), s.gemv_max_m, tp);
   return {rms_norm(down, need(w, base + kPostFfnNorm), eps), res};
 }
 
@@ -124,7 +113,8 @@ std::tuple<at::Tensor, at::Tensor> gemma_layer(
 // layer's own rotary table last: local and global layers differ); ``quant`` / ``info``
 // as rms_decoder_stack_q's (three tensors and (bits, param, n) per projection, qkv, o,
 // gate_up, down), or empty when every projection is dense; ``windows``: each layer's
-// attention window, 0 for none.
+// attention window, 0 for none; ``tp``: the TP group of sharded layers (as
+// rms_decoder_stack_q's), None unsharded.
 std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
     const at::Tensor& positions, const at::Tensor& x_in, const std::optional<at::Tensor>& residual,
     const c10::List<std::optional<at::Tensor>>& w,
@@ -133,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
     const at::Tensor& block_tables,
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_mapping,
     int64_t num_heads, int64_t num_kv_heads, int64_t head_size, double scale, double eps,
-    int64_t gemv_max_m) {
+    int64_t gemv_max_m, const std::optional<at::Tensor>& tp) {
   TORCH_CHECK(x_in.dim() == 2, "gemma_decoder_stack: x must be [tokens, hidden]");
   const int64_t layers = static_cast<int64_t>(kv_caches.size());
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(w.size()) == layers * kGemmaWeights,
@@ -150,11 +140,12 @@ std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
   const Step step{positions, block_tables, query_start_loc, seq_lens, slot_mapping,
                   num_heads, num_kv_heads, head_size, scale, eps, rotary_dim, is_neox,
                   gemv_max_m};
+  const std::optional<shm::Group> group = proj::tp_group(tp);
   at::Tensor x = x_in;
   std::optional<at::Tensor> res = residual;
   for (int64_t l = 0; l < layers; ++l) {
     const int64_t base = l * kGemmaWeights;
-    Projection p[4];
+    Proj p[4];
     for (int j = 0; j < 4; ++j) {
       p[j].w = need(w, base + kProjSlots[j][0]);
       p[j].b = w.get(base + kProjSlots[j][1]);
@@ -170,7 +161,8 @@ std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
       }
     }
     at::Tensor cache = kv_caches[l];  // a handle on the same storage, written in place
-    auto [out, r] = gemma_layer(step, x, res, w, base, p, cache, windows[l]);
+    auto [out, r] = gemma_layer(step, x, res, w, base, p, cache, windows[l],
+                                group ? &*group : nullptr);
     x = out;
     res = r;
   }

@@ -96,7 +96,8 @@ std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
     at::IntArrayRef windows, at::TensorList kv_caches, int64_t rotary_dim, bool is_neox,
     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_mapping, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m);
+    int64_t num_kv_heads, int64_t head_size, double scale, double eps, int64_t gemv_max_m,
+    const std::optional<at::Tensor>& tp);
 // collective.cpp: the shared-memory all-reduce the tensor-parallel stacks run.
 void shm_all_reduce(at::Tensor& x, const at::Tensor& tp);
 // quant_linear.cpp: weight-only int4/int8 and int8 x int8 (the stack's quantized

@@ -68,7 +68,7 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
         " Tensor?[] quant, int[] info, int[] windows, Tensor(a!)[] kv_caches, int rotary_dim,"
         " bool is_neox, Tensor block_tables, Tensor query_start_loc, Tensor seq_lens,"
         " Tensor slot_mapping, int num_heads, int num_kv_heads, int head_size, float scale,"
-        " float eps, int gemv_max_m) -> (Tensor, Tensor)");
+        " float eps, int gemv_max_m, Tensor? tp=None) -> (Tensor, Tensor)");
 }
 
 GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {

@@ -10,10 +10,10 @@ encoding of ``rms_decoder_stack_q``, :func:`glowlm_x86.kernels.fused._quant_part
 
 Local layers attend their window in the paged attention kernel (each layer's
 ``sliding_window`` goes to the op), so the stack runs every step whatever the context
-length. While no sequence is longer than the window the window hides nothing and the
-result is the module path's bit for bit; past it the x86 module path hands local layers
-to core's reference backend, which masks the same keys in another order (tested within
-float rounding). Layers of another shape are declined: :func:`glowlm.plugin_api.decoder_stack_op`
+length, bit for bit the module path's (whose x86 attention backend runs the same
+windowed kernel). Tensor-parallel shards run too: the op sums the o and down
+projections over the TP group in C++ (``tp``, as ``rms_decoder_stack_q``). Layers of
+another shape are declined: :func:`glowlm.plugin_api.decoder_stack_op`
 tries this op first and converts what it declines to the platform's LayerNorm/RMSNorm
 forms, so offering it takes nothing from the families those serve.
 """
@@ -133,14 +133,21 @@ def make_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend, capac
         weights, quant, info, windows = made
         first = layers[0]
         assert first.rotary is not None
+        tp = None
+        if first.tp_group is not None:  # shards: the op all-reduces o and down
+            native = getattr(first.tp_group, "native_state", None)
+            if native is None:
+                return None  # a group without shared memory (ranks on other hosts)
+            tp = native()
         return torch.ops.glowlm_x86.gemma_decoder_stack(
             positions, x, residual, weights, quant, info, windows, list(kv_caches),
             first.rotary.rotary_dim, first.rotary.is_neox, metadata.block_tables,
             metadata.query_start_loc, metadata.seq_lens, metadata.slot_mapping,
             spec.num_heads, spec.num_kv_heads, spec.head_size, spec.scale, first.eps,
-            policy.gemv_max_m)
+            policy.gemv_max_m, tp)
 
     decoder_stack.accepts_quantized = True  # type: ignore[attr-defined]
+    decoder_stack.accepts_tensor_parallel = True  # type: ignore[attr-defined]
     return decoder_stack
 
 
@@ -165,6 +172,7 @@ def make_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend) -> De
         return stack(positions, x, residual, hit[1], [kv_cache], metadata, spec)
 
     decoder_layer.accepts_quantized = True  # type: ignore[attr-defined]
+    decoder_layer.accepts_tensor_parallel = True  # type: ignore[attr-defined]
     return decoder_layer
 
 

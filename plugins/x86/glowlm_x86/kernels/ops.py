@@ -214,6 +214,6 @@ def _register_fakes() -> None:
           quant: list[Tensor | None], info: list[int], windows: list[int],
           kv_caches: list[Tensor], rotary_dim: int, is_neox: bool, block_tables: Tensor,
           query_start_loc: Tensor, seq_lens: Tensor, slot_mapping: Tensor, num_heads: int,
-          num_kv_heads: int, head_size: int, scale: float, eps: float, gemv_max_m: int
-          ) -> tuple[Tensor, Tensor]:
+          num_kv_heads: int, head_size: int, scale: float, eps: float, gemv_max_m: int,
+          tp: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return x.new_empty(x.shape), x.new_empty(x.shape)
