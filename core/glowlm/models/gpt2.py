@@ -53,7 +53,7 @@ class GPT2Block(nn.Module):
             self.ln_1.weight, self.ln_1.bias, self.c_attn.weight, self.c_attn.bias,
             self.c_proj.weight, self.c_proj.bias, self.ln_2.weight, self.ln_2.bias,
             self.c_fc.weight, self.c_fc.bias, self.mlp_proj.weight, self.mlp_proj.bias,
-            self.ln_2.eps, ACTIVATION_OPS[self.activation])
+            self.ln_2.eps, ACTIVATION_OPS[self.activation], tp_group=self.fused.tp_group)
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata, keep: torch.Tensor | None = None) -> torch.Tensor:

@@ -58,7 +58,7 @@ class OPTDecoderLayer(nn.Module):
             self.qkv_proj.weight, self.qkv_proj.bias, self.out_proj.weight, self.out_proj.bias,
             self.final_layer_norm.weight, self.final_layer_norm.bias, self.fc1.weight,
             self.fc1.bias, self.fc2.weight, self.fc2.bias, self.final_layer_norm.eps,
-            ACTIVATION_OPS[self.activation])
+            ACTIVATION_OPS[self.activation], tp_group=self.fused.tp_group)
 
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata, keep: torch.Tensor | None = None) -> torch.Tensor:

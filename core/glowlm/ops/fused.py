@@ -57,6 +57,10 @@ class LnDecoderWeights:
     fc2_bias: torch.Tensor | None
     eps: float
     activation: str
+    #: Tensor-parallel shards: the TP group, as :attr:`RmsDecoderWeights.tp_group` (qkv
+    #: and fc1 column-parallel, out and fc2 row-parallel; only ops that declare
+    #: ``accepts_tensor_parallel`` receive such layers).
+    tp_group: Any = None
 
 
 #: ``fn(x, weights, kv_cache, metadata, spec) -> output or None`` (None: not covered).
@@ -210,7 +214,7 @@ class DecoderLayerWeights:
     def as_ln(self) -> LnDecoderWeights | None:
         """The OPT/GPT-2 form (``ln_decoder_layer``/``_stack``), or None if it does not fit."""
         if (self.norm != "layer" or self.mlp != "plain" or self.rotary is not None
-                or not self._plain() or self.quant is not None or self.tp_group is not None
+                or not self._plain() or self.quant is not None
                 or self.q_norm_weight is not None or self.k_norm_weight is not None
                 or self.activation not in ("relu", "gelu", "gelu_tanh")):
             return None
@@ -221,7 +225,7 @@ class DecoderLayerWeights:
             ln2_weight=self.norm2_weight, ln2_bias=self.norm2_bias,
             fc1_weight=self.up_weight, fc1_bias=self.up_bias,
             fc2_weight=self.down_weight, fc2_bias=self.down_bias,
-            eps=self.eps, activation=self.activation)
+            eps=self.eps, activation=self.activation, tp_group=self.tp_group)
 
     def as_rms(self) -> RmsDecoderWeights | None:
         """The Llama-family form (``rms_decoder_layer``/``_stack``), or None if it does not fit."""

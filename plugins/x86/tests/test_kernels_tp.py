@@ -7,7 +7,7 @@ processes alternating them (directly, and as the group's own all-reduce once the
 platform's ``OpsTable.shm_all_reduce`` is plugged in, as an engine's TP rank does),
 chunked (tensors larger than a slot), in the three dtypes, against the sum the Python
 path defines (fp32 accumulation, one rounding).
-Then the engine: at TP = 2 the x86 stacks (Llama's and Gemma 3's) run every layer
+Then the engine: at TP = 2 the x86 stacks (Llama's, Gemma 3's, OPT/GPT-2's) run every layer
 with its all-reduces in one call, and the tokens and log-probabilities equal the
 module path's at TP = 2 bit for bit (same kernels, same reduction order).
 """
@@ -101,7 +101,8 @@ def _run_tp2(model: Path, dtype: str) -> tuple[list[list[int]], list[list[float]
     llm = LLM(str(model), dtype=dtype, tensor_parallel_size=2, kv_cache_space_gib=0.05,
               block_size=32, max_model_len=128, show_progress=False)
     try:
-        stack = llm.engine.runner.model.model.stack  # rank 0 runs in this process
+        model = llm.engine.runner.model  # rank 0 runs in this process
+        stack = getattr(model, "model", model).stack  # Llama/Gemma: model.model; OPT/GPT-2
         calls = [0]
         if stack.fn is not None:
             fn = stack.fn
@@ -124,12 +125,14 @@ def _run_tp2(model: Path, dtype: str) -> tuple[list[list[int]], list[list[float]
             calls[0])
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "opt", "gpt2"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tp2_stack_equals_tp2_modules(arch: str, dtype: str, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """GQA llama (4 heads, 2 KV heads): each rank holds 2 heads and 1 KV head. Gemma 3
-    (gemma_decoder_stack): local and global layers, prompts past its 12-token window."""
+    (gemma_decoder_stack): local and global layers, prompts past its 12-token window.
+    OPT and GPT-2 (ln_decoder_stack): biases on every projection, added once after the
+    sums of the row-parallel out and fc2."""
     require_kernels()
     for k, v in rank_env("x86").items():
         monkeypatch.setenv(k, v)

@@ -31,6 +31,56 @@ using proj::tp_group;
 
 }  // namespace
 
+namespace {
+
+// glowlm.models.opt/gpt2's pre-LayerNorm layer, step for step. Under tensor parallelism
+// (tp) the weights are this rank's shards: qkv holds num_heads (this rank's) heads of q,
+// k and v, fc1 its slice of the MLP, and the out and fc2 projections are row-parallel
+// (partial sums over the group, their biases added once after; torch/projection.h).
+at::Tensor ln_layer(const at::Tensor& x, const at::Tensor& ln1_w,
+                    const std::optional<at::Tensor>& ln1_b, const at::Tensor& qkv_w,
+                    const std::optional<at::Tensor>& qkv_b, const at::Tensor& out_w,
+                    const std::optional<at::Tensor>& out_b, const at::Tensor& ln2_w,
+                    const std::optional<at::Tensor>& ln2_b, const at::Tensor& fc1_w,
+                    const std::optional<at::Tensor>& fc1_b, const at::Tensor& fc2_w,
+                    const std::optional<at::Tensor>& fc2_b, at::Tensor& kv_cache,
+                    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                    const at::Tensor& seq_lens, const at::Tensor& slot_mapping,
+                    int64_t num_heads, double scale, double eps, c10::string_view activation,
+                    int64_t gemv_max_m, const shm::Group* tp) {
+  TORCH_CHECK(x.dim() == 2, "ln_decoder_layer: x must be [tokens, hidden]");
+  const int64_t M = x.size(0), H = x.size(1), R = qkv_w.size(0);
+  // q, k and v of num_heads heads each: the whole hidden size unsharded, 1/tp of it
+  // on a tensor-parallel rank.
+  TORCH_CHECK(num_heads > 0 && R % (3 * num_heads) == 0 && (tp != nullptr || R == 3 * H),
+              "ln_decoder_layer: qkv weight must be [3 * hidden, hidden] with hidden a "
+              "multiple of num_heads (a TP rank: 3 x its heads' width)");
+  const std::string act(activation);
+  TORCH_CHECK(act == "relu" || act == "gelu" || act == "gelu_tanh",
+              "ln_decoder_layer: activation must be relu, gelu or gelu_tanh, got ", act);
+  const int64_t qs = R / 3, hd = qs / num_heads;
+  // Only glowlm kernels and views below: each ATen op costs microseconds here, where
+  // the streamed weights have just evicted the dispatcher's code and data.
+  at::Tensor qkv = linear(glowlm::layer_norm(x, ln1_w, ln1_b, eps), qkv_w, qkv_b, gemv_max_m);
+  const auto part = [&](int64_t i) {  // q, k, v: strided views of qkv's rows, no copy
+    return at::from_blob(static_cast<char*>(qkv.data_ptr()) + i * qs * qkv.element_size(),
+                         {M, num_heads, hd}, {R, hd, 1}, qkv.options());
+  };
+  const at::Tensor q = part(0), k = part(1), v = part(2);
+  write_kv(kv_cache, k, v, slot_mapping);
+  at::Tensor attn = paged_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale);
+  at::Tensor o = row_parallel(dense(out_w, out_b), attn.view({M, qs}), gemv_max_m, tp);
+  // x1 = x + o, rounded to the dtype as the unfused residual add stores it
+  auto [h, x1] = glowlm::add_layer_norm(o, x, ln2_w, ln2_b, eps);
+  h = linear(h, fc1_w, fc1_b, gemv_max_m);
+  h = act == "relu"   ? glowlm::relu(h)
+      : act == "gelu" ? glowlm::gelu(h)
+                      : glowlm::gelu_tanh(h);
+  return glowlm::residual_add(x1, row_parallel(dense(fc2_w, fc2_b), h, gemv_max_m, tp));
+}
+
+}  // namespace
+
 at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
                             const std::optional<at::Tensor>& ln1_b, const at::Tensor& qkv_w,
                             const std::optional<at::Tensor>& qkv_b, const at::Tensor& out_w,
@@ -42,33 +92,9 @@ at::Tensor ln_decoder_layer(const at::Tensor& x, const at::Tensor& ln1_w,
                             const at::Tensor& seq_lens, const at::Tensor& slot_mapping,
                             int64_t num_heads, double scale, double eps,
                             c10::string_view activation, int64_t gemv_max_m) {
-  TORCH_CHECK(x.dim() == 2, "ln_decoder_layer: x must be [tokens, hidden]");
-  const int64_t M = x.size(0), H = x.size(1);
-  TORCH_CHECK(num_heads > 0 && H % num_heads == 0 && qkv_w.size(0) == 3 * H,
-              "ln_decoder_layer: qkv weight must be [3 * hidden, hidden] with hidden a "
-              "multiple of num_heads");
-  const std::string act(activation);
-  TORCH_CHECK(act == "relu" || act == "gelu" || act == "gelu_tanh",
-              "ln_decoder_layer: activation must be relu, gelu or gelu_tanh, got ", act);
-  const int64_t hd = H / num_heads;
-  // Only glowlm kernels and views below: each ATen op costs microseconds here, where
-  // the streamed weights have just evicted the dispatcher's code and data.
-  at::Tensor qkv = linear(glowlm::layer_norm(x, ln1_w, ln1_b, eps), qkv_w, qkv_b, gemv_max_m);
-  const auto part = [&](int64_t i) {  // q, k, v: strided views of qkv's rows, no copy
-    return at::from_blob(static_cast<char*>(qkv.data_ptr()) + i * H * qkv.element_size(),
-                         {M, num_heads, hd}, {3 * H, hd, 1}, qkv.options());
-  };
-  const at::Tensor q = part(0), k = part(1), v = part(2);
-  write_kv(kv_cache, k, v, slot_mapping);
-  at::Tensor attn = paged_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale);
-  at::Tensor o = linear(attn.view({M, H}), out_w, out_b, gemv_max_m);
-  // x1 = x + o, rounded to the dtype as the unfused residual add stores it
-  auto [h, x1] = glowlm::add_layer_norm(o, x, ln2_w, ln2_b, eps);
-  h = linear(h, fc1_w, fc1_b, gemv_max_m);
-  h = act == "relu"   ? glowlm::relu(h)
-      : act == "gelu" ? glowlm::gelu(h)
-                      : glowlm::gelu_tanh(h);
-  return glowlm::residual_add(x1, linear(h, fc2_w, fc2_b, gemv_max_m));
+  return ln_layer(x, ln1_w, ln1_b, qkv_w, qkv_b, out_w, out_b, ln2_w, ln2_b, fc1_w, fc1_b,
+                  fc2_w, fc2_b, kv_cache, block_tables, query_start_loc, seq_lens,
+                  slot_mapping, num_heads, scale, eps, activation, gemv_max_m, nullptr);
 }
 
 // glowlm.models.llama.LlamaDecoderLayer.forward, step for step: returns the MLP output
@@ -165,17 +191,19 @@ at::Tensor ln_decoder_stack(const at::Tensor& x_in, const c10::List<std::optiona
                             at::TensorList kv_caches, const at::Tensor& block_tables,
                             const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                             const at::Tensor& slot_mapping, int64_t num_heads, double scale,
-                            double eps, c10::string_view activation, int64_t gemv_max_m) {
+                            double eps, c10::string_view activation, int64_t gemv_max_m,
+                            const std::optional<at::Tensor>& tp) {
   const int64_t layers = stack_layers(w, kLnWeights, kv_caches, "ln_decoder_stack");
+  const std::optional<shm::Group> group = tp_group(tp);
   at::Tensor x = x_in;
   for (int64_t l = 0; l < layers; ++l) {
     const int64_t b = l * kLnWeights;
     at::Tensor cache = kv_caches[l];  // a handle on the same storage, written in place
-    x = ln_decoder_layer(x, need(w, b), w.get(b + 1), need(w, b + 2), w.get(b + 3),
-                         need(w, b + 4), w.get(b + 5), need(w, b + 6), w.get(b + 7),
-                         need(w, b + 8), w.get(b + 9), need(w, b + 10), w.get(b + 11),
-                         cache, block_tables, query_start_loc, seq_lens, slot_mapping,
-                         num_heads, scale, eps, activation, gemv_max_m);
+    x = ln_layer(x, need(w, b), w.get(b + 1), need(w, b + 2), w.get(b + 3), need(w, b + 4),
+                 w.get(b + 5), need(w, b + 6), w.get(b + 7), need(w, b + 8), w.get(b + 9),
+                 need(w, b + 10), w.get(b + 11), cache, block_tables, query_start_loc,
+                 seq_lens, slot_mapping, num_heads, scale, eps, activation, gemv_max_m,
+                 group ? &*group : nullptr);
   }
   return x;
 }

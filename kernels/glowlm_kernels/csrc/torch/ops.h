@@ -71,7 +71,8 @@ at::Tensor ln_decoder_stack(const at::Tensor& x, const c10::List<std::optional<a
                             at::TensorList kv_caches, const at::Tensor& block_tables,
                             const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                             const at::Tensor& slot_mapping, int64_t num_heads, double scale,
-                            double eps, c10::string_view activation, int64_t gemv_max_m);
+                            double eps, c10::string_view activation, int64_t gemv_max_m,
+                            const std::optional<at::Tensor>& tp);
 std::tuple<at::Tensor, at::Tensor> rms_decoder_stack(
     const at::Tensor& positions, const at::Tensor& x, const std::optional<at::Tensor>& residual,
     const c10::List<std::optional<at::Tensor>>& w, at::TensorList kv_caches,

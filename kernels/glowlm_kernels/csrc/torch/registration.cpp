@@ -47,7 +47,8 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
   // Every layer in one call: 12 weights per layer (None for absent biases / norms).
   m.def("ln_decoder_stack(Tensor x, Tensor?[] weights, Tensor(a!)[] kv_caches,"
         " Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, Tensor slot_mapping,"
-        " int num_heads, float scale, float eps, str activation, int gemv_max_m) -> Tensor");
+        " int num_heads, float scale, float eps, str activation, int gemv_max_m,"
+        " Tensor? tp=None) -> Tensor");
   m.def("rms_decoder_stack(Tensor positions, Tensor x, Tensor? residual, Tensor?[] weights,"
         " Tensor(a!)[] kv_caches, Tensor cos_sin_cache, int rotary_dim, bool is_neox,"
         " Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, Tensor slot_mapping,"

@@ -49,6 +49,7 @@ def make_ln_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
                          metadata: AttentionMetadata, spec: AttentionLayerSpec
                          ) -> torch.Tensor | None:
         if (x.dim() != 2 or spec.num_kv_heads != spec.num_heads
+                or w.tp_group is not None  # tensor-parallel shards: the stack runs them
                 or not attention.supports(spec.head_size, metadata.block_size, kv_cache.dtype)
                 or not _kernel_dtypes(w.qkv_weight, w.fc1_weight)):
             return None
@@ -59,6 +60,8 @@ def make_ln_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
             metadata.slot_mapping, spec.num_heads, spec.scale, w.eps, w.activation,
             policy.gemv_max_m)
 
+    # Admitted so that the stack over these layers can be; declined one by one above.
+    ln_decoder_layer.accepts_tensor_parallel = True  # type: ignore[attr-defined]
     return ln_decoder_layer
 
 
@@ -129,11 +132,18 @@ def make_ln_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
                 or not attention.supports(spec.head_size, metadata.block_size,
                                           kv_caches[0].dtype)):
             return None
+        tp = None
+        if layers[0].tp_group is not None:  # shards: the kernels all-reduce out and fc2
+            native = getattr(layers[0].tp_group, "native_state", None)
+            if native is None:
+                return None  # a group without shared memory (ranks on other hosts)
+            tp = native()
         return torch.ops.glowlm_x86.ln_decoder_stack(
             x, weights, list(kv_caches), metadata.block_tables, metadata.query_start_loc,
             metadata.seq_lens, metadata.slot_mapping, spec.num_heads, spec.scale,
-            layers[0].eps, layers[0].activation, policy.gemv_max_m)
+            layers[0].eps, layers[0].activation, policy.gemv_max_m, tp)
 
+    ln_decoder_stack.accepts_tensor_parallel = True  # type: ignore[attr-defined]
     return ln_decoder_stack
 
 

@@ -189,7 +189,8 @@ def _register_fakes() -> None:
     @reg("glowlm_x86::ln_decoder_stack")
     def _(x: Tensor, weights: list[Tensor | None], kv_caches: list[Tensor], block_tables: Tensor,
           query_start_loc: Tensor, seq_lens: Tensor, slot_mapping: Tensor, num_heads: int,
-          scale: float, eps: float, activation: str, gemv_max_m: int) -> Tensor:
+          scale: float, eps: float, activation: str, gemv_max_m: int,
+          tp: Tensor | None = None) -> Tensor:
         return x.new_empty(x.shape)
 
     @reg("glowlm_x86::rms_decoder_stack")
