@@ -138,10 +138,14 @@ def _op_cases(dtype: torch.dtype) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def check_ops(platform: Platform, dtype: torch.dtype) -> None:
-    """Every op the platform replaces, against ``glowlm.ops.reference`` (same name)."""
+    """Every op the platform replaces, against ``glowlm.ops.reference`` (same name); the
+    compiled all-reduce against the shared-memory group's Python path."""
     ops = platform.ops()
     cases = _op_cases(dtype)
     replaced = [n for n in ops.replaced() if n not in FUSED_OPS]
+    if "shm_all_reduce" in replaced:
+        replaced.remove("shm_all_reduce")
+        _check_shm_all_reduce(ops.shm_all_reduce, dtype)
     missing = [n for n in replaced if n not in cases]
     assert not missing, f"the contract suite has no case for op(s) {missing}"
     for name in replaced:
@@ -152,6 +156,53 @@ def check_ops(platform: Platform, dtype: torch.dtype) -> None:
             got = getattr(ops, name)(*[a.clone() if isinstance(a, torch.Tensor) else a
                                        for a in args])
             _close(got, want, tol, f"op {name} case {i} ({dtype_name(dtype)})")
+
+
+def _check_shm_all_reduce(fn: Any, dtype: torch.dtype) -> None:
+    """``OpsTable.shm_all_reduce``: two ranks (threads of this process, one group handle
+    each on one segment, slots small enough to chunk) sum 3,000 values, both through the
+    op and one through it with the other on the group's Python path; every result must
+    be the Python path's bits (rank-order float32 sum, one rounding). A watchdog stops
+    the group after 60 s, so a broken op fails instead of hanging."""
+    import threading
+
+    from glowlm.distributed.shm import ShmGroup, create_segment, unlink_segment
+
+    path = create_segment(2, "contract", slot_bytes=4096)
+    try:
+        groups = [ShmGroup(path, 2, r, slot_bytes=4096, spin_seconds=0.0) for r in range(2)]
+        parts = [_randn(3000, dtype=dtype, seed=40 + r) for r in range(2)]
+        want = (parts[0].float() + parts[1].float()).to(dtype)
+        for mixed in (False, True):
+            xs = [t.clone() for t in parts]
+            errors: list[BaseException] = []
+
+            def rank(r: int, xs: list[torch.Tensor] = xs, mixed: bool = mixed,
+                     errors: list[BaseException] = errors) -> None:
+                try:
+                    if mixed and r == 1:
+                        groups[r].all_reduce(xs[r])
+                    else:
+                        fn(xs[r], groups[r].native_state())
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            if any(t.is_alive() for t in threads):
+                groups[0].abort()
+                raise AssertionError("shm_all_reduce: the two ranks did not finish in 60 s")
+            assert not errors, f"shm_all_reduce ({dtype_name(dtype)}): {errors[0]!r}"
+            how = "one rank on the Python path" if mixed else "both compiled"
+            for r in range(2):
+                assert torch.equal(xs[r], want), (
+                    f"shm_all_reduce ({dtype_name(dtype)}, {how}): rank {r} differs from "
+                    "the group's sum")
+    finally:
+        unlink_segment(path)
 
 
 # -- attention -------------------------------------------------------------------------
