@@ -19,6 +19,7 @@ differ in what the call passes once (norm epsilon, activation, rotary table).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from glowlm.plugin_api import (
@@ -41,6 +42,14 @@ W8A8 = -8
 
 def _kernel_dtypes(*tensors: torch.Tensor) -> bool:
     return all(t.dtype in KERNEL_DTYPES for t in tensors)
+
+
+def tp_state(group: Any) -> torch.Tensor | None:
+    """What the stacks' ``tp`` argument takes for a TP group: its shared-memory state
+    (``ShmGroup.native_state()``), or None for a group without one (ranks on other
+    hosts, gloo), whose layers the stacks decline."""
+    native = getattr(group, "native_state", None)
+    return None if native is None else native()
 
 
 def make_ln_decoder_layer(policy: GemmPolicy, attention: X86AttentionBackend
@@ -134,10 +143,9 @@ def make_ln_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
             return None
         tp = None
         if layers[0].tp_group is not None:  # shards: the kernels all-reduce out and fc2
-            native = getattr(layers[0].tp_group, "native_state", None)
-            if native is None:
-                return None  # a group without shared memory (ranks on other hosts)
-            tp = native()
+            tp = tp_state(layers[0].tp_group)
+            if tp is None:
+                return None
         return torch.ops.glowlm_x86.ln_decoder_stack(
             x, weights, list(kv_caches), metadata.block_tables, metadata.query_start_loc,
             metadata.seq_lens, metadata.slot_mapping, spec.num_heads, spec.scale,
@@ -210,10 +218,9 @@ def make_rms_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend
         parts = quant_lists.get(id(layers))  # set by make() for quantized layers
         tp = None
         if first.tp_group is not None:  # shards: the kernels all-reduce o and down
-            native = getattr(first.tp_group, "native_state", None)
-            if native is None:
-                return None  # a group without shared memory (ranks on other hosts)
-            tp = native()
+            tp = tp_state(first.tp_group)
+            if tp is None:
+                return None
         if parts is not None or tp is not None:
             quant, info = parts if parts is not None else ([], [])
             return torch.ops.glowlm_x86.rms_decoder_stack_q(

@@ -33,7 +33,7 @@ from glowlm.plugin_api import (
 )
 
 from glowlm_x86.kernels.attention import X86AttentionBackend
-from glowlm_x86.kernels.fused import _quant_parts
+from glowlm_x86.kernels.fused import _quant_parts, tp_state
 from glowlm_x86.kernels.linear import KERNEL_DTYPES, GemmPolicy
 
 
@@ -135,10 +135,9 @@ def make_decoder_stack(policy: GemmPolicy, attention: X86AttentionBackend, capac
         assert first.rotary is not None
         tp = None
         if first.tp_group is not None:  # shards: the op all-reduces o and down
-            native = getattr(first.tp_group, "native_state", None)
-            if native is None:
-                return None  # a group without shared memory (ranks on other hosts)
-            tp = native()
+            tp = tp_state(first.tp_group)
+            if tp is None:
+                return None
         return torch.ops.glowlm_x86.gemma_decoder_stack(
             positions, x, residual, weights, quant, info, windows, list(kv_caches),
             first.rotary.rotary_dim, first.rotary.is_neox, metadata.block_tables,
