@@ -41,6 +41,11 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
                                         "run 4-bit; 8-bit heads stay dense bf16, which "
                                         "streams faster here), 1 (any native type), 0 "
                                         "(dense)"),
+    "GLOWLM_GGUF_INT8_ACTIVATIONS": ("auto", "natively run GGUF layers multiply int8 "
+                                             "activations (per 32 columns, as ggml does): "
+                                             "auto (where the kernels are faster so: CPUs "
+                                             "without a bf16 dot product), 1, 0 (the "
+                                             "model dtype's activations)"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
@@ -79,6 +84,7 @@ class Env:
     gguf_cache: str
     gguf_native: bool
     gguf_native_head: str  # "auto", "1" or "0"
+    gguf_int8_activations: str  # "auto", "1" or "0"
     disable_kernels: bool
     no_fused_layers: bool
     linear_impl: str | None  # None: measure; "default": off; else a candidate name
@@ -94,10 +100,10 @@ def _bool(name: str, raw: str) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0")
 
 
-def _head(raw: str) -> str:
+def _head(raw: str, name: str = "GLOWLM_GGUF_NATIVE_HEAD") -> str:
     value = raw.strip().lower() or "auto"
     if value not in ("auto", "1", "0"):
-        raise ConfigError(f"GLOWLM_GGUF_NATIVE_HEAD={raw!r}: use auto, 1 or 0")
+        raise ConfigError(f"{name}={raw!r}: use auto, 1 or 0")
     return value
 
 
@@ -148,6 +154,8 @@ def parse(environ: Mapping[str, str]) -> Env:
         gguf_cache=os.path.expanduser(raw("GLOWLM_GGUF_CACHE")),
         gguf_native=_bool("GLOWLM_GGUF_NATIVE", raw("GLOWLM_GGUF_NATIVE")),
         gguf_native_head=_head(raw("GLOWLM_GGUF_NATIVE_HEAD")),
+        gguf_int8_activations=_head(raw("GLOWLM_GGUF_INT8_ACTIVATIONS"),
+                                    "GLOWLM_GGUF_INT8_ACTIVATIONS"),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),
         linear_impl=raw("GLOWLM_LINEAR_IMPL").strip().lower() or None,

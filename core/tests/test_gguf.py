@@ -158,9 +158,8 @@ def _check_greedy(smollm, platform: str | None) -> LLM:
     return llm
 
 
-def test_default_model_greedy_and_logprobs_equal_transformers(smollm):
-    """On the best platform here (compiled kernels where a plugin has them)."""
-    llm = _check_greedy(smollm, None)
+def _logprob_error(llm: LLM, smollm) -> torch.Tensor:
+    """|engine - transformers| of the prompt log-probs of one sentence."""
     _, hf, tok, _, _ = smollm
     prompt = tok.encode("Paris is the capital and largest city of France, with an "
                         "estimated population of two million residents.")
@@ -171,7 +170,28 @@ def test_default_model_greedy_and_logprobs_equal_transformers(smollm):
                        use_tqdm=False)[0]
     got = torch.tensor([out.prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
     want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
-    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    return (got - want).abs()
+
+
+def test_default_model_greedy_and_logprobs_equal_transformers(smollm, monkeypatch):
+    """On the best platform here (compiled kernels where a plugin has them), with the
+    activations in float32 as transformers keeps them: the blocks are exact, so only the
+    order of float32 sums differs."""
+    monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", "0")
+    llm = _check_greedy(smollm, None)
+    err = _logprob_error(llm, smollm)
+    assert float(err.max()) <= 2e-3, err
+
+
+def test_default_model_with_int8_activations_stays_near_transformers(smollm, monkeypatch):
+    """int8 activations per 32 columns (ggml's arithmetic; the default where the kernels
+    are faster so): greedy tokens still equal transformers', and the prompt log-probs move
+    by about as much as running the model in bfloat16 does (measured on this sentence:
+    int8 max 0.13 / mean 0.036, bf16 activations 0.12 / 0.034), bounded at 0.3 / 0.06."""
+    monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", "1")
+    llm = _check_greedy(smollm, None)
+    err = _logprob_error(llm, smollm)
+    assert float(err.max()) < 0.3 and float(err.mean()) < 0.06, err
 
 
 @pytest.mark.slow

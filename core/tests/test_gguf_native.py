@@ -190,6 +190,7 @@ def test_mixed_native_file_equals_the_dequantized_path(mixed_file, arch, monkeyp
     platform = _native_platform()
     monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE_HEAD", "1")  # the 8-bit heads too
+    monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", "0")  # the blocks' exactness
     path = mixed_file(arch)
     if arch == "gemma3":
         from glowlm.model_loader.gguf_metadata import metadata_dir
@@ -213,6 +214,52 @@ def test_mixed_native_file_equals_the_dequantized_path(mixed_file, arch, monkeyp
     if arch != "gemma3":  # Q4_K|Q5_K|Q6_K -> 8-bit groups of 16
         assert (qkv.bits, qkv.group) == (8, 16)
     _same(got, want)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_int8_activations_compiled_equal_the_reference(mixed_file, arch, monkeypatch,
+                                                       tmp_path) -> None:
+    """GLOWLM_GGUF_INT8_ACTIVATIONS=1: every native layer (4- and 8-bit, groups of 16 and
+    32, the 8-bit tied head of gemma3) multiplies int8 activations per 32 columns; the
+    platform's compiled kernels give the tokens of core's reference kernels
+    (GLOWLM_DISABLE_KERNELS=1) on the same file, and the log-probs to float32 order
+    (the integers are the same)."""
+    platform = _native_platform()
+    monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
+    monkeypatch.setenv("GLOWLM_GGUF_NATIVE_HEAD", "1")
+    monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", "1")
+    path = mixed_file(arch)
+    llm, got = _run(path, platform)
+    qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.quant_weight.act_block == 32
+    del llm
+    monkeypatch.setenv("GLOWLM_DISABLE_KERNELS", "1")
+    _, want = _run(path, platform)
+    for a, b in zip(got, want, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        la = torch.tensor([next(iter(p.values())).logprob for p in a.prompt_logprobs[1:]])
+        lb = torch.tensor([next(iter(p.values())).logprob for p in b.prompt_logprobs[1:]])
+        torch.testing.assert_close(la, lb, rtol=0, atol=1e-3)
+
+
+def test_int8_activation_policy(monkeypatch) -> None:
+    """auto follows the kernel set (its int8_activations), 1 and 0 force; groups that
+    cannot take 32-column activation blocks never do."""
+    from glowlm.layers.quantization.gguf import act_block
+    from glowlm.layers.quantization.kernels import QuantKernels
+
+    class Int8(QuantKernels):
+        int8_activations = True
+
+    for mode, ref, fast in (("auto", 0, 32), ("1", 32, 32), ("0", 0, 0)):
+        monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", mode)
+        assert (act_block(QuantKernels(), 32), act_block(Int8(), 16)) == (ref, fast)
+    assert act_block(Int8(), 24) == 0
+    monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", "sometimes")
+    from glowlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="GLOWLM_GGUF_INT8_ACTIVATIONS"):
+        act_block(Int8(), 32)
 
 
 def test_tied_lookup_reads_the_heads_rows(mixed_file, monkeypatch, tmp_path) -> None:
@@ -288,6 +335,7 @@ def test_real_gemma3_native_equals_dequantized(gemma3_file, monkeypatch) -> None
     its 262144 x 640 Q8_0 tied head all native; 16 greedy tokens as dequantized."""
     platform = _native_platform()
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE_HEAD", "1")
+    monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", "0")
     prompts = [[2, 818, 5279, 529, 7001, 563], [2, 2063, 139805, 236769, 236749, 1473]]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = []

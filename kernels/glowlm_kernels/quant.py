@@ -29,7 +29,7 @@ from glowlm.plugin_api import Int8Weights, QuantKernels, WeightOnlyInt
 
 ROWS = 16  #: output rows per weight block (one AVX-512 register of fp32 / int32 sums)
 #: The compiled quantized ops (a platform's ``Capabilities.kernels`` lists them).
-QUANT_OP_NAMES = ("wna16_linear", "w8a8_linear")
+QUANT_OP_NAMES = ("wna16_linear", "w8a8_linear", "wna8_linear")
 
 
 def _pad_rows(t: torch.Tensor, rows: int, value: float = 0) -> torch.Tensor:
@@ -47,6 +47,9 @@ class PackedWeightOnly:
     group_size: int
     n: int
     perm: torch.Tensor | None
+    #: int8 activations per this many columns (``wna8_linear``), 0: ``wna16_linear``.
+    #: 8-bit weights then take W8A8's signed layout ``[N/16][K/4][16][4]`` (q − 128).
+    act_block: int = 0
 
 
 @dataclass
@@ -64,7 +67,9 @@ def pack_weight_only(w: WeightOnlyInt) -> PackedWeightOnly:
 
     4 bits: each 32-byte unit holds 16 rows x 4 columns, byte ``2r + j`` column ``j`` in
     its low nibble and column ``2 + j`` in its high one, the operand order of a pairwise
-    bf16 dot product (quant_linear.cpp).
+    bf16 dot product (quant_linear.cpp). With int8 activations (``w.act_block``) 8-bit
+    values become W8A8's ``[N/16][K/4][16][4]`` signed ``q − 128`` (vpmaddubsw's operand
+    after its sign trick); 4-bit ones keep the nibble layout, already pairs of columns.
     """
     n, k = w.q.shape
     q = _pad_rows(w.q, ROWS)
@@ -72,6 +77,9 @@ def pack_weight_only(w: WeightOnlyInt) -> PackedWeightOnly:
     if w.bits == 4:  # unit c of 16 rows: byte 2r + j = q[r, 4c + j] | q[r, 4c + 2 + j] << 4
         units = q.view(npad // ROWS, ROWS, k // 4, 2, 2)
         packed = (units[..., 0, :] | (units[..., 1, :] << 4)).permute(0, 2, 1, 3)
+    elif w.act_block:
+        signed = (q.to(torch.int16) - 128).to(torch.int8)
+        packed = signed.view(npad // ROWS, ROWS, k // 4, 4).permute(0, 2, 1, 3)
     else:
         packed = q.view(npad // ROWS, ROWS, k // 2, 2).permute(0, 2, 3, 1)
     scales = _pad_rows(w.scales.float(), ROWS)
@@ -90,7 +98,7 @@ def pack_weight_only(w: WeightOnlyInt) -> PackedWeightOnly:
 
     return PackedWeightOnly(packed.contiguous(), blocked(scales),
                             torch.empty(0, dtype=dtype) if zs is None else blocked(zs),
-                            w.bits, w.group_size, n, w.perm)
+                            w.bits, w.group_size, n, w.perm, w.act_block)
 
 
 def _exact_half(t: torch.Tensor) -> bool:
@@ -108,6 +116,8 @@ def packed_rows(p: PackedWeightOnly, rows: torch.Tensor) -> torch.Tensor:
     if p.bits == 4:  # weight [Npad/16, K/4, 16, 2]: byte j of unit c holds 4c+j | 4c+2+j
         units = p.weight[block, :, r, :]                      # [M, K/4, 2]
         q = torch.stack([units & 0x0F, units >> 4], dim=2)    # [M, K/4, lo/hi, j]
+    elif p.act_block:  # weight int8 [Npad/16, K/4, 16, 4]: q - 128
+        q = p.weight[block, :, r, :].to(torch.int16) + 128    # [M, K/4, 4]
     else:  # weight [Npad/16, K/2, 2, 16]
         q = p.weight[block, :, :, r]                          # [M, K/2, 2]
     q = q.reshape(rows.shape[0], -1).float()
@@ -149,9 +159,12 @@ def quant_ops_registered(namespace: str) -> bool:
 class CompiledQuantKernels(QuantKernels):
     """``torch.ops.<namespace>.wna16_linear`` / ``w8a8_linear`` on this module's layouts."""
 
-    def __init__(self, namespace: str, name: str) -> None:
+    def __init__(self, namespace: str, name: str, int8_activations: bool = False) -> None:
         self.namespace = namespace
         self.name = name
+        #: Whether ``wna8_linear`` is the fast weight-only path of this module's CPU
+        #: (the plugin knows its ISA; see QuantKernels.int8_activations).
+        self.int8_activations = int8_activations
 
     def _op(self, op: str):  # noqa: ANN202 - a torch OpOverloadPacket
         return getattr(getattr(torch.ops, self.namespace), op)
@@ -161,6 +174,10 @@ class CompiledQuantKernels(QuantKernels):
         if w.group_size % step or w.q.shape[1] % step:
             raise ValueError(f"{w.bits}-bit weight-only kernels need a group size that is a "
                              f"multiple of {step}")
+        if w.act_block and (w.act_block != 32 or w.q.shape[1] % 32 or w.perm is not None
+                            or not (w.group_size == 16 or w.group_size % 32 == 0)):
+            raise ValueError("int8 activations need blocks of 32 columns, K a multiple of "
+                             "32, groups of 16 or of a multiple of 32, and no act order")
         return pack_weight_only(w)
 
     def weight_only(self, x: torch.Tensor, prepared: PackedWeightOnly,
@@ -168,8 +185,9 @@ class CompiledQuantKernels(QuantKernels):
         x2 = x.reshape(-1, x.shape[-1])
         if prepared.perm is not None:
             x2 = x2.index_select(1, prepared.perm)
-        y = self._op("wna16_linear")(x2, prepared.weight, prepared.scales, prepared.zs,
-                                     prepared.bits, prepared.group_size, prepared.n, bias)
+        op = "wna8_linear" if prepared.act_block else "wna16_linear"
+        y = self._op(op)(x2, prepared.weight, prepared.scales, prepared.zs,
+                         prepared.bits, prepared.group_size, prepared.n, bias)
         return y.reshape(*x.shape[:-1], prepared.n)
 
     def weight_only_rows(self, prepared: PackedWeightOnly, rows: torch.Tensor
@@ -199,6 +217,11 @@ def register_fakes(namespace: str) -> None:
     reg = torch.library.register_fake
 
     @reg(f"{namespace}::wna16_linear")
+    def _(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zs: torch.Tensor,
+          bits: int, group_size: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((x.shape[0], n))
+
+    @reg(f"{namespace}::wna8_linear")
     def _(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zs: torch.Tensor,
           bits: int, group_size: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((x.shape[0], n))

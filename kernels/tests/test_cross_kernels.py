@@ -247,6 +247,34 @@ def _quant_cases(c: Cases, gen: torch.Generator) -> None:
                   {"m": m, "n": n, "k": k, "bits": bits, "group": group,
                    "blocks": p.scales.shape[0],
                    "scales_f16": int(p.scales.dtype == torch.float16)}, None, arrays)
+    # wna8_linear: the same weights with int8 activations per 32 columns (GGUF's
+    # arithmetic): groups of 16, 32 and 64, 4 and 8 bits (8: W8A8's signed layout), the
+    # 1-, 2- and 4-token tiles and decode's work split (N = 600). Same integers as the
+    # reference (its activation rounding is the kernel's), so only float32 order differs.
+    for (bits, n, k, group), dt in itertools.product(
+            ((4, 40, 64, 32), (4, 24, 64, 16), (8, 40, 64, 32), (8, 24, 128, 64),
+             (4, 600, 64, 32), (8, 600, 32, 16)), (torch.float32, torch.bfloat16)):
+        for m in (1, 2, 5):
+            q = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
+            scales = (torch.rand(n, k // group, generator=gen) * 0.02 + 1e-3).half().float()
+            zeros = (torch.rand(n, k // group, generator=gen) * (1 << bits) if m != 2
+                     else torch.full((n, k // group), float(1 << (bits - 1))))
+            w = WeightOnlyInt(q, scales, zeros, bits, group, act_block=32)
+            x = _randn(m, k, dtype=dt, gen=gen)
+            bias = _randn(n, dtype=dt, gen=gen) if m % 2 else None
+            want = REFERENCE_QUANT_KERNELS.weight_only(x, w, bias)
+            p = pack_weight_only(w)
+            arrays = {"x": x, "weight": p.weight, "scales": p.scales, "want": want}
+            if p.zs.numel():
+                arrays["zs"] = p.zs
+            if bias is not None:
+                arrays["bias"] = bias
+            rel = 2e-5 if dt == torch.float32 else 8e-3
+            c.add(f"wna8-w{bits}-x{DTYPES[dt]}-{m}x{n}x{k}-g{group}", "wna8_linear", dt, dt,
+                  _max_tol(want, rel),
+                  {"m": m, "n": n, "k": k, "bits": bits, "group": group,
+                   "blocks": p.scales.shape[0],
+                   "scales_f16": int(p.scales.dtype == torch.float16)}, None, arrays)
     for m, n, k in ((1, 40, 66), (5, 16, 64)):
         for static in (None, (0.02, 0), (0.03, 5)):
             q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)

@@ -105,6 +105,16 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
                     dtype_name(dtype))
     quant = quantization.resolve(quant_cfg, platform,
                                  None if info.gguf_native else config.quantization)
+    if info.gguf_native and quant is not None:
+        from glowlm.layers.quantization.gguf import act_block
+
+        kernels = quant.kernels()
+        logger.info("GGUF: activations of those layers %s", (
+            "quantized to int8 per 32 columns, as ggml multiplies its blocks ("
+            f"{kernels.name} kernels' fast path here; GLOWLM_GGUF_INT8_ACTIVATIONS=0: "
+            f"{dtype_name(dtype)})") if act_block(kernels, 32) else (
+            f"in {dtype_name(dtype)} (GLOWLM_GGUF_INT8_ACTIVATIONS=1: int8 per 32 columns, "
+            "as ggml)"))
     ops = platform.ops()
     if envs.get().no_fused_layers:
         ops = ops.without_fused()

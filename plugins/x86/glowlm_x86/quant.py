@@ -45,13 +45,27 @@ if TYPE_CHECKING:
     from glowlm.plugin_api import Platform
 
 class X86QuantKernels(CompiledQuantKernels):
-    """The compiled kernels (``torch.ops.glowlm_x86.wna16_linear`` / ``w8a8_linear``)."""
+    """The compiled kernels (``torch.ops.glowlm_x86.wna16_linear`` / ``w8a8_linear`` /
+    ``wna8_linear``). ``int8_activations``: the module has no bf16 dot product (avx2,
+    avx512), so GGUF layers multiply int8 activations with vpmaddubsw by default (4-bit
+    decode ~2-3x the fp32 path's instructions per weight byte fewer)."""
 
-    def __init__(self) -> None:
-        super().__init__("glowlm_x86", "x86")
+    def __init__(self, int8_activations: bool = False) -> None:
+        super().__init__("glowlm_x86", "x86", int8_activations)
 
 
+#: ISAs whose weight-only fast path is int8 activations: vpmaddubsw, and no vdpbf16ps
+#: (the portable module runs wna8_linear's plain loops: correct, not faster).
+INT8_ACTIVATION_ISAS = frozenset({"avx2", "avx512"})
 X86_QUANT_KERNELS = X86QuantKernels()
+_BY_ISA: dict[str, X86QuantKernels] = {}
+
+
+def kernels_for_isa(isa: str) -> X86QuantKernels:
+    """The kernel set of the module built for ``isa`` (one object per ISA)."""
+    if isa not in _BY_ISA:
+        _BY_ISA[isa] = X86QuantKernels(isa in INT8_ACTIVATION_ISAS)
+    return _BY_ISA[isa]
 SOURCE = "quant_linear.cpp"
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
@@ -134,7 +148,7 @@ def _kernels_for(platform: Platform) -> QuantKernels:
     if isinstance(platform, X86Platform):
         library = platform.kernels()
         if library is not None and load_quant_ops(library.isa):
-            return X86_QUANT_KERNELS
+            return kernels_for_isa(library.isa)
     return REFERENCE_KERNELS
 
 

@@ -19,8 +19,12 @@ from glowlm_x86.kernels.testing import require_kernels
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("qtype, int8", [("Q4_1", "0"), ("Q4_1", "1"), ("Q8_0", "1")])
 def test_quantized_layers_run_in_the_stack_op_and_match_the_module_path(
-        dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        dtype: str, qtype: str, int8: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 = "1": the layers multiply int8 activations (``wna8_linear``, in the stack
+    through ``bits | kActInt8``), 4-bit and 8-bit (W8A8's signed layout)."""
     require_kernels()
     from glowlm import LLM, SamplingParams
     from glowlm.testing.tiny_gguf import write_tiny_gguf
@@ -28,12 +32,15 @@ def test_quantized_layers_run_in_the_stack_op_and_match_the_module_path(
 
     monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE", "1")
+    monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", int8)
     path = write_tiny_gguf(make_tiny_model("mistral", tmp_path / "hf"), tmp_path / "m.gguf",
-                           "Q4_1")
+                           qtype)
     llm = LLM(str(path), platform="x86", dtype=dtype, enable_prefix_caching=False,
               **SMALL_ENGINE)
     model = llm.engine.runner.model.model
     assert hasattr(model.layers[0].self_attn.qkv_proj, "quant_weight")  # native blocks
+    assert model.layers[0].self_attn.qkv_proj.quant_weight.act_block == (32 if int8 == "1"
+                                                                        else 0)
     assert model.stack.fn is not None, "the stack op must accept the quantized layers"
     calls = []
     stack_fn = model.stack.fn

@@ -62,7 +62,12 @@ from torch import nn
 from glowlm.errors import ModelLoadError
 from glowlm.layers.linear import LinearMethod
 from glowlm.layers.quantization import QuantizationConfig
-from glowlm.layers.quantization.kernels import REFERENCE_KERNELS, QuantKernels, WeightOnlyInt
+from glowlm.layers.quantization.kernels import (
+    ACT_BLOCK,
+    REFERENCE_KERNELS,
+    QuantKernels,
+    WeightOnlyInt,
+)
 from glowlm.layers.quantization.method import QuantLinearMethod, add_param, check_divisible
 
 GROUP = 32
@@ -112,12 +117,30 @@ class GGUFConfig(QuantizationConfig):
         return cls(out)
 
     def linear_method(self, prefix: str) -> LinearMethod | None:
-        fmt = self.layers.get(prefix)
-        return None if fmt is None else GGUFLinearMethod(*fmt, self.kernels())
+        return self._method(prefix)
 
     def lm_head_method(self, prefix: str) -> GGUFLinearMethod | None:
+        return self._method(prefix)
+
+    def _method(self, prefix: str) -> GGUFLinearMethod | None:
         fmt = self.layers.get(prefix)
-        return None if fmt is None else GGUFLinearMethod(*fmt, self.kernels())
+        if fmt is None:
+            return None
+        kernels = self.kernels()
+        return GGUFLinearMethod(*fmt, kernels, act_block=act_block(kernels, fmt[1]))
+
+
+def act_block(kernels: QuantKernels, group: int) -> int:
+    """The int8 activation block of a GGUF layer in ``group``-weight groups on
+    ``kernels``: ``ACT_BLOCK`` where ``GLOWLM_GGUF_INT8_ACTIVATIONS`` says so (auto: where
+    the kernels' fast path is int8, ``QuantKernels.int8_activations``), else 0. ggml
+    itself multiplies every one of these block types by int8 activations (Q8_0/Q8_1/
+    Q8_K), so either is the file's arithmetic: int8 is ggml's, 0 the more precise one."""
+    from glowlm import envs
+
+    mode = envs.get().gguf_int8_activations
+    on = kernels.int8_activations if mode == "auto" else mode == "1"
+    return ACT_BLOCK if on and (group == 16 or group % ACT_BLOCK == 0) else 0
 
 
 class GGUFLinearMethod(QuantLinearMethod):
@@ -126,10 +149,12 @@ class GGUFLinearMethod(QuantLinearMethod):
 
     param_names = ("gguf_q", "gguf_scales", "gguf_zeros")
 
-    def __init__(self, bits: int, group: int, kernels: QuantKernels) -> None:
+    def __init__(self, bits: int, group: int, kernels: QuantKernels, act_block: int = 0
+                 ) -> None:
         super().__init__(kernels)
         self.bits = bits
         self.group = group
+        self.act_block = act_block  #: int8 activations per this many columns (0: none)
 
     def create_weights(self, layer: nn.Module, input_size: int,
                        output_partition_sizes: Sequence[int], params_dtype: torch.dtype
@@ -142,8 +167,10 @@ class GGUFLinearMethod(QuantLinearMethod):
                       output_dim=0, input_dim=1)
 
     def canonical(self, layer: nn.Module) -> WeightOnlyInt:
+        act = self.act_block if layer.gguf_q.shape[1] % ACT_BLOCK == 0 else 0
         return WeightOnlyInt(layer.gguf_q.data.contiguous(), layer.gguf_scales.data.contiguous(),
-                             layer.gguf_zeros.data.contiguous(), self.bits, self.group)
+                             layer.gguf_zeros.data.contiguous(), self.bits, self.group,
+                             act_block=act)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         canon = self.canonical(layer)

@@ -43,6 +43,11 @@ class WeightOnlyInt:
     #: int64 [K] or None: with act order the columns of ``q`` are sorted by group,
     #: and ``x[:, perm]`` lines the activations up with them.
     perm: torch.Tensor | None = None
+    #: 0: activations stay in the model dtype (W4A16, W8A16). ``ACT_BLOCK`` (32): they are
+    #: quantized to int8 per block of 32 columns at run time (:func:`quantize_act_blocks`),
+    #: as GGUF's own implementation multiplies every quantized block, so the kernels may
+    #: sum integer products (``vpmaddubsw``) where no bf16 or int8 dot product exists.
+    act_block: int = 0
 
     def dequantize(self) -> torch.Tensor:
         """float32 [N, K] in ``q``'s column order."""
@@ -82,6 +87,23 @@ def quantize_activations(x: torch.Tensor, input_scale: float | None, zero_point:
     return q, torch.full((x.shape[0], 1), float(input_scale), dtype=torch.float32)
 
 
+#: Columns per int8 activation scale when a weight-only layer quantizes its activations.
+ACT_BLOCK = 32
+
+
+def quantize_act_blocks(x: torch.Tensor, block: int = ACT_BLOCK) -> torch.Tensor:
+    """``x`` [M, K] -> float32 ``x̂ = d·q`` per block of ``block`` columns: the dynamic
+    symmetric rule of :func:`quantize_activations` applied to each block (``d =
+    max|x|/127``, ``q = round(x·127/max|x|)``), the int8 activations ggml multiplies
+    quantized GGUF blocks with (its Q8_0 / Q8_1). The compiled ``wna8_linear`` computes
+    ``Σ w·x̂`` from the same integers."""
+    m, k = x.shape
+    if k % block:
+        raise ValueError(f"{k} columns are not whole blocks of {block}")
+    q, scale = quantize_activations(x.float().reshape(m * k // block, block), None, 0)
+    return (q * scale).reshape(m, k)
+
+
 def unpermute_columns(y: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
     """Columns of an act-order weight (sorted by group, ``perm``) back in input order."""
     if perm is None:
@@ -101,6 +123,10 @@ class QuantKernels:
     """
 
     name = "reference"
+    #: Whether int8 activations (:attr:`WeightOnlyInt.act_block`) are this kernel set's
+    #: fast path for weight-only layers on this CPU: formats whose own arithmetic allows
+    #: them (GGUF) use them by default only then. The reference is faster without.
+    int8_activations = False
 
     def prepare_weight_only(self, w: WeightOnlyInt) -> Any:
         return w
@@ -111,6 +137,8 @@ class QuantKernels:
         x2 = x.reshape(-1, x.shape[-1]).float()
         if w.perm is not None:
             x2 = x2.index_select(1, w.perm)
+        if w.act_block:
+            x2 = quantize_act_blocks(x2, w.act_block)
         y = F.linear(x2, w.dequantize(), None if bias is None else bias.float())
         return y.to(x.dtype).reshape(*x.shape[:-1], -1)
 

@@ -227,15 +227,22 @@ std::string quant_case(const Case& c) {
   std::optional<at::Tensor> bias;
   if (c.has("bias")) bias = tensor(c.a("bias"), {n}, xt);
   at::Tensor y;
-  if (c.op == "wna16_linear") {
+  if (c.op == "wna16_linear" || c.op == "wna8_linear") {
     const int64_t bits = c.i("bits"), group = c.i("group");
     const std::vector<int64_t> sg = {blocks, K / group, 16};
     // Scales and zero * scale in float32, or float16 (i scales_f16 1); no zs: symmetric.
     const at::ScalarType st = c.ints.count("scales_f16") && c.i("scales_f16") ? at::kHalf
                                                                                : at::kFloat;
     const at::Tensor zs = c.has("zs") ? tensor(c.a("zs"), sg, st) : at::empty({0}, {st});
-    y = glowlm::wna16_linear(x, tensor(c.a("weight"), {blocks * 16 * K * bits / 8}, at::kByte),
-                             tensor(c.a("scales"), sg, st), zs, bits, group, n, bias);
+    if (c.op == "wna16_linear") {
+      y = glowlm::wna16_linear(x, tensor(c.a("weight"), {blocks * 16 * K * bits / 8},
+                                         at::kByte),
+                               tensor(c.a("scales"), sg, st), zs, bits, group, n, bias);
+    } else {  // 8 bits: W8A8's signed layout
+      const at::ScalarType wt = bits == 8 ? at::kChar : at::kByte;
+      y = glowlm::wna8_linear(x, tensor(c.a("weight"), {blocks * 16 * K * bits / 8}, wt),
+                              tensor(c.a("scales"), sg, st), zs, bits, group, n, bias);
+    }
   } else {
     y = glowlm::w8a8_linear(x, tensor(c.a("weight"), {blocks, c.i("kq"), 16, 4}, at::kChar),
                             tensor(c.a("wscale"), {blocks * 16}, at::kFloat),
@@ -275,7 +282,8 @@ std::string with_weight(const Case& c) {
 }
 
 std::string run(const Case& c) {
-  if (c.op == "wna16_linear" || c.op == "w8a8_linear") return quant_case(c);
+  if (c.op == "wna16_linear" || c.op == "wna8_linear" || c.op == "w8a8_linear")
+    return quant_case(c);
   if (c.op == "silu_and_mul" || c.op == "gelu" || c.op == "gelu_tanh" || c.op == "relu")
     GLOWLM_BY_DTYPE(c.xdt, act_case<T>(c));
   else if (c.op == "rotary_embedding")

@@ -109,5 +109,9 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at:
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& wscale,
                        const at::Tensor& wsum, double input_scale, int64_t input_zp, int64_t n,
                        const std::optional<at::Tensor>& bias);
+// The same weights with int8 activations per 32 columns (GGUF's own arithmetic).
+at::Tensor wna8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
+                       const at::Tensor& zs, int64_t bits, int64_t group_size, int64_t n,
+                       const std::optional<at::Tensor>& bias);
 
 }  // namespace glowlm

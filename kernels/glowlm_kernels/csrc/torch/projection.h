@@ -25,9 +25,12 @@ inline at::Tensor linear(const at::Tensor& a, const at::Tensor& w,
 
 // bits == kW8A8: int8 x int8 (w8a8_linear's layout).
 constexpr int64_t kW8A8 = -8;
+// bits | kActInt8: weight-only weights with int8 activations (wna8_linear; GGUF).
+constexpr int64_t kActInt8 = 16;
 
 // Dense (bits == 0: w is the [N, K] weight), weight-only quantized (bits 4 or 8: w,
-// scales, zs in wna16_linear's prepared layout, `param` the group size), or int8 x int8
+// scales, zs in wna16_linear's prepared layout, `param` the group size; 4 or 8 | kActInt8:
+// wna8_linear's, activations quantized to int8 per 32 columns), or int8 x int8
 // (bits kW8A8: w, scales = wscale, zs = wsum in w8a8_linear's layout, `param` the input
 // zero point, input_scale <= 0 dynamic); n outputs. The Python side encodes a layer
 // list's projections once for both stacks (glowlm_x86.kernels.fused._quant_parts).
@@ -42,6 +45,8 @@ struct Proj {
   at::Tensor operator()(const at::Tensor& a, int64_t gemv_max_m) const {
     if (bits == 0) return linear(a, w, b, gemv_max_m);
     if (bits == kW8A8) return w8a8_linear(a, w, scales, zs, input_scale, param, n, b);
+    if (bits & kActInt8) return wna8_linear(a.contiguous(), w, scales, zs, bits & ~kActInt8,
+                                            param, n, b);
     return wna16_linear(a.contiguous(), w, scales, zs, bits, param, n, b);
   }
 };

@@ -700,6 +700,336 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
   return finish(out, n, bias, x.scalar_type());
 }
 
+// ------------------------------------------- weight-only x int8 activations (wna8)
+//
+// The same weight-only weights with the activations quantized to int8 per block of 32
+// columns at run time (d = max|x| / 127 per block, q = nearbyint(x * 127 / max|x|), the
+// W8A8 dynamic rule per block): what ggml does for every quantized GGUF type on every CPU
+// (it multiplies Q4_0/Q4_1/K-quant blocks by Q8_0/Q8_1/Q8_K activations), so a GGUF
+// model's reference implementation computes exactly these products, and the plain
+// weight-only path above is the more precise one. Why: without a bf16 or int8 dot product
+// the fp32 path converts every weight to fp32 and does one FMA per weight and token row
+// (~36 instructions per 64 4-bit weights on AVX2), which is bound by those instructions,
+// not by memory, at decode (AVX2: 6-10 GB/s of 4-bit weights on 2 threads against ~21 GB/s
+// for the dense bf16 GEMV). Here a 32-byte unit of 64 nibbles goes through vpmaddubsw
+// (u8 x s8 -> int16 pairs) twice per token row: its low nibbles are (row r, columns k,
+// k + 1) pairs and its high ones (r, k + 2, k + 3), the layout's own order. Sums are exact
+// integers: one column's product is at most 15 * 127, so 16 columns fit int16 (30 480);
+// every 16 columns go to int32, every 32 to fp32 with the block's d. 8-bit weights use
+// W8A8's layout ([N/16][K/4][16][4], signed q - 128: prepared for this path): vpmaddubsw
+// on |w| and sign(x, w), then vpmaddwd to int32 (a pair is at most 2 * 128 * 127).
+// The epilogue is wna16's: y += s * sum(q x^) - zero * s * sum(x^), sum(x^) = d * sum(q_x).
+namespace {
+
+constexpr int64_t kActBlock = 32;  // activation columns per int8 scale
+
+// Column runs of one group: the columns summed in int16 (4 bits) / int32 before the block
+// scale d applies. A group of 16 is one run in one block; larger groups are runs of 32.
+inline int64_t run_cols(int64_t group) { return std::min<int64_t>(group, kActBlock); }
+
+
+// Row m of x -> int8 q[m][K], d[m][K/32], and xs[m][g] = sum over group g of d * q
+// (the quantized activations' sum, which the zero point multiplies).
+void quantize_act_blocks(const float* x, int64_t M, int64_t K, int64_t group, int8_t* q,
+                         float* d, float* xs) {
+  const int64_t nb = K / kActBlock, G = K / group;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + m * K + b * kActBlock;
+      const float amax = abs_max(xb, kActBlock);
+      uint8_t u[kActBlock];
+      quantize_values(xb, kActBlock, amax > 0 ? 127.0f / amax : 127.0f, 0.f, -127.f, u);
+      for (int64_t k = 0; k < kActBlock; ++k)
+        q[m * K + b * kActBlock + k] = static_cast<int8_t>(static_cast<int>(u[k]) - 128);
+      d[m * nb + b] = amax > 0 ? amax / 127.0f : 1.0f;
+    }
+    for (int64_t g = 0; g < G; ++g) {  // a group is one block, half of one, or several
+      float t = 0.f;
+      for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += run_cols(group)) {
+        int32_t s = 0;
+        for (int64_t k = k0; k < k0 + run_cols(group); ++k) s += q[m * K + k];
+        t += d[m * nb + k0 / kActBlock] * static_cast<float>(s);
+      }
+      xs[m * G + g] = t;
+    }
+  }
+}
+
+#if defined(GLOWLM_QUANT_X86)
+// 16 int16 row sums (lane r = row r) -> kVecs fp32 registers, added to f as d * sum.
+inline void add_rows16(__m256i s, VecF d, VecF* f) {
+#if defined(__AVX512F__)
+  f[0] = vec::fmadd(d, {_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(s))}, f[0]);
+#else
+  f[0] = vec::fmadd(d, {_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s)))},
+                    f[0]);
+  f[1] = vec::fmadd(d, {_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(s, 1)))},
+                    f[1]);
+#endif
+}
+
+// Two int32 registers (rows 0-7, 8-15) -> kVecs fp32 registers, added to f as d * sum.
+inline void add_rows32(__m256i lo, __m256i hi, VecF d, VecF* f) {
+#if defined(__AVX512F__)
+  const __m512i s = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  f[0] = vec::fmadd(d, {_mm512_cvtepi32_ps(s)}, f[0]);
+#else
+  f[0] = vec::fmadd(d, {_mm256_cvtepi32_ps(lo)}, f[0]);
+  f[1] = vec::fmadd(d, {_mm256_cvtepi32_ps(hi)}, f[1]);
+#endif
+}
+
+inline __m256i bcast16(const int8_t* p) {
+  int16_t v;
+  std::memcpy(&v, p, 2);
+  return _mm256_set1_epi16(v);
+}
+
+inline __m256i bcast32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// One tile: MT token rows x NB blocks (bs apart) of 4-bit weights, all of K.
+template <int MT, int NB, typename S>
+void wna8_tile4(const int8_t* xq, const float* xd, const float* xs, int64_t K, int64_t G,
+                int64_t group, const uint8_t* w, const GroupScales<S>& gsc, int64_t b0,
+                int64_t bs, float* out, int64_t ldo) {
+  constexpr int L = NB * kVecs;
+  const int64_t block_bytes = K * kRows / 2, nb = K / kActBlock, rc = run_cols(group);
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  float yv[MT][L * vec::W];
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    GLOWLM_UNROLL for (int l = 0; l < L; ++l) vec::store(&yv[m][l * vec::W], vec::zero());
+  for (int64_t g = 0; g < G; ++g) {
+    VecF a[MT][L];
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+      GLOWLM_UNROLL for (int l = 0; l < L; ++l) a[m][l] = vec::zero();
+    GLOWLM_UNROLL for (int i = 0; i < NB; ++i) gsc.prefetch(b0 + i * bs, g + 2);
+    for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += rc) {
+      __m256i i32[MT][NB][2];
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+        GLOWLM_UNROLL for (int i = 0; i < NB; ++i) i32[m][i][0] = i32[m][i][1] =
+            _mm256_setzero_si256();
+      for (int64_t h = k0; h < k0 + rc; h += 16) {  // 16 columns: 4 units, int16 sums
+        __m256i s16[MT][NB];
+        GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+          GLOWLM_UNROLL for (int i = 0; i < NB; ++i) s16[m][i] = _mm256_setzero_si256();
+        GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
+          vec::prefetch(w + (b0 + i * bs) * block_bytes + h * 8 + 2048);
+        GLOWLM_UNROLL for (int u = 0; u < 4; ++u) {
+          const int64_t k = h + 4 * u;
+          __m256i lo[NB], hi[NB];
+          GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
+            const __m256i v = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(w + (b0 + i * bs) * block_bytes + k * 8));
+            lo[i] = _mm256_and_si256(v, mask);
+            hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+          }
+          GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+            const __m256i x01 = bcast16(xq + m * K + k), x23 = bcast16(xq + m * K + k + 2);
+            GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
+              s16[m][i] = _mm256_add_epi16(s16[m][i], _mm256_maddubs_epi16(lo[i], x01));
+              s16[m][i] = _mm256_add_epi16(s16[m][i], _mm256_maddubs_epi16(hi[i], x23));
+            }
+          }
+        }
+        GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+          GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
+            i32[m][i][0] = _mm256_add_epi32(
+                i32[m][i][0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16[m][i])));
+            i32[m][i][1] = _mm256_add_epi32(
+                i32[m][i][1], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[m][i], 1)));
+          }
+      }
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+        const VecF d = vec::set1(xd[m * nb + k0 / kActBlock]);
+        GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
+          add_rows32(i32[m][i][0], i32[m][i][1], d, &a[m][i * kVecs]);
+      }
+    }
+    gsc.template apply<MT, L>(b0, bs, g, 0.0f, a, xs, yv);
+  }
+  store_rows<MT, NB>(yv, b0, bs, out, ldo);
+}
+
+// One tile of 8-bit weights in W8A8's layout (signed q - 128, 4 columns per row and
+// step): sum(q x) = sum((q - 128) x) + 128 sum(x), which offset -128 puts back.
+template <int MT, int NB, typename S>
+void wna8_tile8(const int8_t* xq, const float* xd, const float* xs, int64_t K, int64_t G,
+                int64_t group, const int8_t* w, const GroupScales<S>& gsc, int64_t b0,
+                int64_t bs, float* out, int64_t ldo) {
+  constexpr int L = NB * kVecs;
+  const int64_t block_bytes = K * kRows, nb = K / kActBlock, rc = run_cols(group);
+  const __m256i ones = _mm256_set1_epi16(1);
+  float yv[MT][L * vec::W];
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+    GLOWLM_UNROLL for (int l = 0; l < L; ++l) vec::store(&yv[m][l * vec::W], vec::zero());
+  for (int64_t g = 0; g < G; ++g) {
+    VecF a[MT][L];
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+      GLOWLM_UNROLL for (int l = 0; l < L; ++l) a[m][l] = vec::zero();
+    GLOWLM_UNROLL for (int i = 0; i < NB; ++i) gsc.prefetch(b0 + i * bs, g + 2);
+    for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += rc) {
+      __m256i i32[MT][NB][2];
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+        GLOWLM_UNROLL for (int i = 0; i < NB; ++i) i32[m][i][0] = i32[m][i][1] =
+            _mm256_setzero_si256();
+      for (int64_t k = k0; k < k0 + rc; k += 4) {  // 4 columns: 64 bytes per block
+        __m256i wa[NB][2], ws[NB][2];
+        GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
+          const int8_t* p = w + (b0 + i * bs) * block_bytes + k * kRows;
+          if ((k & 4) == 0) vec::prefetch(p + 2048);
+          GLOWLM_UNROLL for (int j = 0; j < 2; ++j) {
+            ws[i][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * j));
+            wa[i][j] = _mm256_abs_epi8(ws[i][j]);
+          }
+        }
+        GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+          const __m256i xv = bcast32(xq + m * K + k);
+          GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
+            GLOWLM_UNROLL for (int j = 0; j < 2; ++j) {
+              const __m256i p16 = _mm256_maddubs_epi16(wa[i][j], _mm256_sign_epi8(xv, ws[i][j]));
+              i32[m][i][j] = _mm256_add_epi32(i32[m][i][j], _mm256_madd_epi16(p16, ones));
+            }
+        }
+      }
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+        const VecF d = vec::set1(xd[m * nb + k0 / kActBlock]);
+        GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
+          add_rows32(i32[m][i][0], i32[m][i][1], d, &a[m][i * kVecs]);
+      }
+    }
+    gsc.template apply<MT, L>(b0, bs, g, -128.0f, a, xs, yv);
+  }
+  store_rows<MT, NB>(yv, b0, bs, out, ldo);
+}
+#endif
+
+// Any ISA: the same integer sums in plain loops, one block, one token row at a time.
+template <int BITS, typename S>
+void wna8_block_generic(const int8_t* xq, const float* xd, const float* xs, int64_t K,
+                        int64_t G, int64_t group, const uint8_t* w, const GroupScales<S>& gsc,
+                        int64_t b, float* out) {
+  const int64_t nb = K / kActBlock, rc = run_cols(group);
+  const uint8_t* wb = w + b * K * kRows * BITS / 8;
+  float yv[1][kRows];
+  for (int r = 0; r < kRows; ++r) yv[0][r] = 0.f;
+  for (int64_t g = 0; g < G; ++g) {
+    float f[kRows] = {};
+    for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += rc) {
+      const float d = xd[k0 / kActBlock];
+      for (int r = 0; r < kRows; ++r) {
+        int32_t s = 0;
+        for (int64_t k = k0; k < k0 + rc; ++k) {
+          int32_t q;
+          if constexpr (BITS == 4) {  // unit k / 4: byte 2r + (k % 2), high nibble if k % 4 >= 2
+            const uint8_t byte = wb[(k / 4) * 2 * kRows + 2 * r + (k % 2)];
+            q = (k % 4 >= 2) ? byte >> 4 : byte & 15;
+          } else {  // [K/4][16][4] signed
+            q = static_cast<int8_t>(wb[(k / 4) * 4 * kRows + 4 * r + k % 4]);
+          }
+          s += q * int32_t(xq[k]);
+        }
+        f[r] += d * static_cast<float>(s);
+      }
+    }
+    VecF a[1][kVecs];
+    for (int l = 0; l < kVecs; ++l) a[0][l] = vec::load(f + l * vec::W);
+    gsc.template apply<1, kVecs>(b, 1, g, BITS == 8 ? -128.0f : 0.0f, a, xs, yv);
+  }
+  std::memcpy(out + b * kRows, yv[0], sizeof(float) * kRows);
+}
+
+template <int BITS, typename S>
+void wna8_run(const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K,
+              int64_t G, int64_t group, const uint8_t* w, const GroupScales<S>& gsc,
+              int64_t npad, float* out) {
+  const int64_t blocks = npad / kRows, nb = K / kActBlock;
+#if defined(GLOWLM_QUANT_X86)
+  auto rows = [&](auto nbc, int64_t m0, int64_t mn, int64_t b0, int64_t bs) {
+    constexpr int NB = decltype(nbc)::value;
+    auto tile = [&](auto mtc, int64_t m) {
+      constexpr int MT = decltype(mtc)::value;
+      const int8_t* xm = xq + m * K;
+      if constexpr (BITS == 4)
+        wna8_tile4<MT, NB>(xm, xd + m * nb, xs + m * G, K, G, group, w, gsc, b0, bs,
+                           out + m * npad, npad);
+      else
+        wna8_tile8<MT, NB>(xm, xd + m * nb, xs + m * G, K, G, group,
+                           reinterpret_cast<const int8_t*>(w), gsc, b0, bs, out + m * npad,
+                           npad);
+    };
+    int64_t m = m0;
+    const int64_t end = m0 + mn;
+    if constexpr (NB == 1) {
+      for (; m + 4 <= end; m += 4) tile(std::integral_constant<int, 4>{}, m);
+    }
+    for (; m + 2 <= end; m += 2) tile(std::integral_constant<int, 2>{}, m);
+    for (; m < end; ++m) tile(std::integral_constant<int, 1>{}, m);
+  };
+  // Decode (M <= 3): 2 blocks 4 apart per item, two far-apart streams per thread (the
+  // dense GEMV's finding); prefill: one block per item, token rows 4 at a time.
+  if (M <= 3) block_items<2>(M, blocks, 4, rows);
+  else block_items<1>(M, blocks, 1, rows);
+#else
+  parallel_chunks(blocks * M, [&](int64_t i) {
+    const int64_t b = i % blocks, m = i / blocks;
+    wna8_block_generic<BITS>(xq + m * K, xd + m * nb, xs + m * G, K, G, group, w, gsc, b,
+                             out + m * npad);
+  });
+#endif
+}
+
+}  // namespace
+
+at::Tensor wna8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
+                       const at::Tensor& zs, int64_t bits, int64_t group_size, int64_t n,
+                       const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "wna8_linear: x must be [M, K]");
+  TORCH_CHECK(bits == 4 || bits == 8, "wna8_linear: bits must be 4 or 8");
+  TORCH_CHECK(weight.is_contiguous() && (weight.scalar_type() == at::kByte ||
+                                         weight.scalar_type() == at::kChar),
+              "wna8_linear: weight must be contiguous uint8 / int8 (prepared layout)");
+  const auto sdt = scales.scalar_type();
+  const bool sym = zs.numel() == 0;
+  TORCH_CHECK((sdt == at::kFloat || sdt == at::kHalf) && scales.is_contiguous() &&
+                  scales.dim() == 3 && scales.size(2) == kRows &&
+                  (sym || (zs.scalar_type() == sdt && zs.is_contiguous() &&
+                           zs.sizes() == scales.sizes())),
+              "wna8_linear: scales must be contiguous float32 or float16 [N/16, G, 16], and "
+              "zs the same or empty (symmetric)");
+  const int64_t M = x.size(0), K = x.size(1), G = scales.size(1), npad = scales.size(0) * kRows;
+  TORCH_CHECK(K % kActBlock == 0 && G * group_size == K &&
+                  (group_size == 16 || group_size % kActBlock == 0),
+              "wna8_linear: K ", K, " must be a multiple of 32 in groups of 16 or of a "
+              "multiple of 32 (", G, " groups of ", group_size, ")");
+  TORCH_CHECK(npad % kRows == 0 && n <= npad && weight.numel() == npad * K * bits / 8,
+              "wna8_linear: weight does not match N ", npad, " x K ", K);
+  at::Tensor out = at::empty({M, npad}, x.options().dtype(at::kFloat));
+  if (M == 0) return finish(out, n, bias, x.scalar_type());
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  std::vector<int8_t> xq(static_cast<size_t>(M * K));
+  std::vector<float> xd(static_cast<size_t>(M * (K / kActBlock))), xs(static_cast<size_t>(M * G));
+  quantize_act_blocks(xf.data_ptr<float>(), M, K, group_size, xq.data(), xd.data(), xs.data());
+  const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
+  const float zero = static_cast<float>(1 << (bits - 1));
+  auto run = [&](const auto* sp) {
+    using S = std::remove_const_t<std::remove_pointer_t<decltype(sp)>>;
+    const GroupScales<S> gsc{sp, sym ? nullptr : static_cast<const S*>(zs.data_ptr()), zero, G};
+    if (bits == 4)
+      wna8_run<4>(xq.data(), xd.data(), xs.data(), M, K, G, group_size, w, gsc, npad,
+                  out.data_ptr<float>());
+    else
+      wna8_run<8>(xq.data(), xd.data(), xs.data(), M, K, G, group_size, w, gsc, npad,
+                  out.data_ptr<float>());
+  };
+  if (sdt == at::kHalf) run(reinterpret_cast<const fp16*>(scales.data_ptr<at::Half>()));
+  else run(scales.data_ptr<float>());
+  return finish(out, n, bias, x.scalar_type());
+}
+
 }  // namespace glowlm
 
 // The plugin's torch.ops namespace (-DGLOWLM_OPS_NAMESPACE in the shared tree's builds).
@@ -714,9 +1044,12 @@ GLOWLM_QUANT_FRAGMENT(GLOWLM_OPS_NAMESPACE, m) {
         " int group_size, int n, Tensor? bias) -> Tensor");
   m.def("w8a8_linear(Tensor x, Tensor weight, Tensor wscale, Tensor wsum, float input_scale,"
         " int input_zp, int n, Tensor? bias) -> Tensor");
+  m.def("wna8_linear(Tensor x, Tensor weight, Tensor scales, Tensor zs, int bits,"
+        " int group_size, int n, Tensor? bias) -> Tensor");
 }
 
 GLOWLM_QUANT_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("wna16_linear", &glowlm::wna16_linear);
   m.impl("w8a8_linear", &glowlm::w8a8_linear);
+  m.impl("wna8_linear", &glowlm::wna8_linear);
 }

@@ -38,6 +38,9 @@ from glowlm_x86.kernels.linear import KERNEL_DTYPES, GemmPolicy
 
 #: ``info``'s bits for an int8 x int8 projection (fused_layer.cpp's kW8A8).
 W8A8 = -8
+#: ``bits | ACT_INT8``: a weight-only projection with int8 activations (``wna8_linear``;
+#: ``proj::kActInt8``).
+ACT_INT8 = 16
 
 
 def _kernel_dtypes(*tensors: torch.Tensor) -> bool:
@@ -171,7 +174,7 @@ def _quant_parts(layers: Sequence[RmsDecoderWeights]
                 info += [0, 0, 0]
             elif isinstance(p, PackedWeightOnly) and p.perm is None:
                 quant += [p.scales, p.zs, None]
-                info += [p.bits, p.group_size, p.n]
+                info += [p.bits | (ACT_INT8 if p.act_block else 0), p.group_size, p.n]
             elif isinstance(p, PackedW8A8):
                 static = torch.tensor([p.input_scale], dtype=torch.float32)
                 quant += [p.scale, p.wsum, static if p.input_scale > 0 else None]

@@ -1,0 +1,144 @@
+"""Weight-only layers with int8 activations (``wna8_linear``) against core's reference.
+
+GGUF's own implementation multiplies its quantized blocks by activations quantized to
+int8 per block of 32 columns; ``WeightOnlyInt.act_block = 32`` asks for that, and the
+x86 modules without a bf16 dot product (avx2, avx512) run it with ``vpmaddubsw``. The
+reference (:data:`REFERENCE_KERNELS`) quantizes the activations with the same rule and
+runs the dequantized weights in float32, so the integers agree exactly and the results
+differ only by the order of float32 additions: the tolerance is 2e-5 of max|y| in
+float32 (the products are integers times two scales; K <= 2048 adds), one bf16 rounding
+for bf16 outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from glowlm.plugin_api import REFERENCE_QUANT_KERNELS as REFERENCE_KERNELS
+from glowlm.plugin_api import WeightOnlyInt
+from glowlm_x86.kernels.testing import require_kernels
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    require_kernels()
+    from glowlm.testing import current_platform
+    from glowlm_x86.platform import X86Platform
+    from glowlm_x86.quant import kernels_for_isa, load_quant_ops
+
+    platform = current_platform()
+    if not isinstance(platform, X86Platform) or platform.kernels() is None:
+        pytest.skip("the x86 kernels do not run on this host")
+    isa = platform.kernels().isa
+    if not load_quant_ops(isa):
+        pytest.fail("quant_linear.cpp did not build or load")
+    return kernels_for_isa(isa)
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+
+
+def _weights(bits: int, n: int, k: int, group: int, symmetric: bool, seed: int,
+             half: bool = False) -> WeightOnlyInt:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
+    scales = torch.rand(n, k // group, generator=g) * 0.02 + 1e-3
+    if half:
+        scales = scales.half().float()
+    mid = float(1 << (bits - 1))
+    zeros = (torch.full((n, k // group), mid) if symmetric
+             else torch.rand(n, k // group, generator=g) * (1 << bits))  # float zeros (Q4_1)
+    return WeightOnlyInt(q, scales, zeros, bits, group, act_block=32)
+
+
+@pytest.mark.parametrize("m", (1, 2, 3, 4, 5, 9, 70))
+@pytest.mark.parametrize("bits, n, k, group", [(4, 40, 64, 32), (4, 64, 256, 128),
+                                               (4, 48, 96, 16), (8, 48, 128, 32),
+                                               (8, 32, 64, 16), (8, 40, 256, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_activations_match_reference(kernels, m: int, bits: int, n: int, k: int,
+                                          group: int, dtype: torch.dtype) -> None:
+    w = _weights(bits, n, k, group, symmetric=(m % 2 == 0), seed=m * 1000 + n + k + bits)
+    g = torch.Generator().manual_seed(m + k)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    want = REFERENCE_KERNELS.weight_only(x, w, bias)
+    p = kernels.prepare_weight_only(w)
+    assert p.act_block == 32
+    got = kernels.weight_only(x, p, bias)
+    assert got.dtype == dtype and got.shape == (m, n)
+    assert _rel_err(got, want) < (2e-5 if dtype == torch.float32 else 8e-3)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n", [256, 600])
+@pytest.mark.parametrize("half", [True, False])
+def test_int8_activations_decode_split_and_fp16_scales(kernels, bits: int, n: int,
+                                                       half: bool) -> None:
+    """Decode (1-3 rows) takes 2 blocks 4 apart per work item, the rest one block: every
+    row lands where the reference puts it; fp16 scales (GGUF's) are read as such."""
+    w = _weights(bits, n, 576, 32, symmetric=False, seed=bits + n, half=half)
+    p = kernels.prepare_weight_only(w)
+    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(n))
+    for m in (1, 2, 3, 4):
+        want = REFERENCE_KERNELS.weight_only(x[:m], w, None)
+        assert _rel_err(kernels.weight_only(x[:m], p, None), want) < 2e-5
+
+
+@pytest.mark.parametrize("bits, group", [(4, 16), (4, 32), (4, 128), (8, 16), (8, 32)])
+def test_int8_activations_extreme_sums_are_exact(kernels, bits: int, group: int) -> None:
+    """The largest integer sums: every 4-bit value 15 (16 columns of 15 * 127 fill int16
+    to 30 480) and every 8-bit value 0 (q - 128 = -128: a vpmaddubsw pair is
+    2 * 128 * 127 = 32 512), against activations all +max or all -max. Any saturation
+    would show as a wrong sum; the reference's sums of these integers are exact."""
+    n, k = 32, 256
+    q = torch.full((n, k), 15 if bits == 4 else 0, dtype=torch.uint8)
+    scales = torch.ones(n, k // group)
+    zeros = torch.full((n, k // group), float(1 << (bits - 1)))
+    w = WeightOnlyInt(q, scales, zeros, bits, group, act_block=32)
+    p = kernels.prepare_weight_only(w)
+    for sign in (1.0, -1.0):
+        x = torch.full((2, k), sign)
+        want = REFERENCE_KERNELS.weight_only(x, w, None)
+        assert torch.equal(kernels.weight_only(x, p, None), want)
+
+
+def test_int8_activations_are_the_quantization_error_away(kernels) -> None:
+    """Against the same weights with unquantized activations: the difference is the
+    per-block int8 rounding (|x - x^| <= max|x| / 254 per block), far below the weights'
+    own 4-bit error, and not zero (the path is really taken)."""
+    w = _weights(4, 64, 512, 32, symmetric=False, seed=5)
+    exact = WeightOnlyInt(w.q, w.scales, w.zeros, 4, 32)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3))
+    got = kernels.weight_only(x, kernels.prepare_weight_only(w), None)
+    full = kernels.weight_only(x, kernels.prepare_weight_only(exact), None)
+    err = _rel_err(got, full)
+    assert 0 < err < 2e-2
+
+
+def test_packed_rows_read_the_signed_8bit_layout(kernels) -> None:
+    """A tied embedding reads its rows from the LM head's packed weight: the 8-bit
+    int8-activation layout ([N/16][K/4][16][4], q - 128) gives the canonical values."""
+    w = _weights(8, 40, 64, 32, symmetric=False, seed=9)
+    p = kernels.prepare_weight_only(w)
+    rows = torch.tensor([0, 5, 17, 39])
+    assert torch.allclose(kernels.weight_only_rows(p, rows),
+                          REFERENCE_KERNELS.weight_only_rows(w, rows), rtol=0, atol=1e-6)
+
+
+def test_int8_activations_refuse_unfit_layers(kernels) -> None:
+    """K not whole blocks of 32, or act-order columns: a clear error at load."""
+    w = _weights(4, 16, 48, 16, symmetric=True, seed=1)
+    with pytest.raises(ValueError, match="blocks of 32"):
+        kernels.prepare_weight_only(w)
+
+
+def test_module_isa_decides_the_default(kernels) -> None:
+    """avx2 / avx512 modules prefer int8 activations; avx512-bf16 keeps the bf16 dot."""
+    from glowlm_x86.quant import kernels_for_isa
+
+    assert kernels_for_isa("avx2").int8_activations
+    assert kernels_for_isa("avx512").int8_activations
+    assert not kernels_for_isa("avx512-bf16").int8_activations
+    assert not REFERENCE_KERNELS.int8_activations
