@@ -306,15 +306,18 @@ def test_tied_quantized_head_under_tensor_parallelism(mixed_file, monkeypatch,
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize(("arch", "head", "native"), [
-    ("qwen2", "auto", False), ("qwen2", "0", False), ("mistral", "auto", True),
-    ("mistral", "0", False)])
-def test_head_policy(mixed_file, arch, head, native, monkeypatch, tmp_path) -> None:
+@pytest.mark.parametrize(("arch", "head", "int8", "native"), [
+    ("qwen2", "auto", "0", False), ("qwen2", "0", "0", False), ("mistral", "auto", "0", True),
+    ("mistral", "0", "0", False), ("qwen2", "auto", "1", True), ("qwen2", "0", "1", False)])
+def test_head_policy(mixed_file, arch, head, int8, native, monkeypatch, tmp_path) -> None:
     """GLOWLM_GGUF_NATIVE_HEAD=auto runs a 4-bit head (mistral's Q4_K output) natively and
-    keeps an 8-bit one (qwen2's tied Q8_0) dense; 0 keeps every head dense."""
+    keeps an 8-bit one (qwen2's tied Q8_0) dense, unless the layers take int8 activations
+    (GLOWLM_GGUF_INT8_ACTIVATIONS; auto where the kernels are faster so), which stream
+    an 8-bit head faster than dense bf16; 0 keeps every head dense."""
     platform = _native_platform()
     monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE_HEAD", head)
+    monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", int8)
     llm = LLM(str(mixed_file(arch)), dtype="float32", platform=platform, **SMALL)
     model = llm.engine.runner.model
     assert (model.lm_head.method is not None) == native

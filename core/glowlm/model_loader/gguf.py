@@ -323,12 +323,17 @@ def native_quant_config(path: str | Path, stacked: list[tuple[str, str, Any]],
 
     The LM head (``token_embd`` when ``tied``: the model then looks its embedding rows up
     in the head's blocks; else ``output``) per ``head`` (``GLOWLM_GGUF_NATIVE_HEAD``):
-    ``"1"`` native when its type is, ``"0"`` dense, ``"auto"`` native when it runs 4-bit.
+    ``"1"`` native when its type is, ``"0"`` dense, ``"auto"`` native when it runs 4-bit,
+    ``"auto-int8"`` (what the engine asks for where the platform's GGUF layers take int8
+    activations, ``GLOWLM_GGUF_INT8_ACTIVATIONS``) native at 4 and 8 bits.
     Why auto keeps 8-bit heads dense: measured on x86 (Zen 5, 2 threads, bf16), the
     8-bit weight-only kernel is compute-bound at M = 1 (Gemma 3's 262144 x 640 Q8_0
     head: 6.9 ms for 178 MB) where the dense bf16 GEMV streams twice the bytes faster
     (5.7 ms for 335 MB); decode was 81 vs 104 tok/s (Gemma 3 270M) and 200 vs 232
-    (SmolLM2), while a 4-bit head (3.5 ms) beats both.
+    (SmolLM2), while a 4-bit head (3.5 ms) beats both. With int8 activations the 8-bit
+    head streams at ~85 % of the read bandwidth (Zen 2, AVX2, 2 threads, bench_quant
+    gguf8: 262144 x 640 6.9 ms against the dense bf16 GEMV's 10.0 ms; 49152 x 576 1.2 ms
+    against 2.3 ms), so there it is native.
     """
     from glowlm.layers.quantization.gguf import NATIVE_TYPES, layer_format
 
@@ -347,7 +352,7 @@ def native_quant_config(path: str | Path, stacked: list[tuple[str, str, Any]],
     for module in types:
         prefix, _, leaf = module.rpartition(".")
         groups.setdefault(f"{prefix}.{fused_of.get(leaf, leaf)}", []).append(module)
-    if head_type in NATIVE_TYPES and (head == "1" or
+    if head_type in NATIVE_TYPES and (head in ("1", "auto-int8") or
                                        (head == "auto" and NATIVE_TYPES[head_type][0] == 4)):
         types["lm_head"] = head_type
         groups["lm_head"] = ["lm_head"]

@@ -72,9 +72,11 @@ def _model_dtype(hf_config: Any) -> torch.dtype:
 
 
 def read_model_dir(path: str | Path | None, revision: str | None = None,
-                   gguf_file: str | None = None) -> ModelDir:
+                   gguf_file: str | None = None, gguf_head: str | None = None) -> ModelDir:
     """Resolve MODEL, then read config.json and generation_config.json; no weights, no
-    tokenizer."""
+    tokenizer. ``gguf_head``: the GGUF LM-head policy (default ``GLOWLM_GGUF_NATIVE_HEAD``;
+    the engine passes ``auto-int8`` where the platform's GGUF layers take int8
+    activations, :func:`glowlm.model_loader.gguf.native_quant_config`)."""
     from glowlm.model_loader.resolve import resolve_model
 
     source = resolve_model(path, revision, gguf_file)
@@ -116,7 +118,7 @@ def read_model_dir(path: str | Path | None, revision: str | None = None,
             quant, native = gguf.native_quant_config(
                 source.gguf_file, getattr(cls, "stacked_params", []),
                 bool(getattr(hf_config, "tie_word_embeddings", False)),
-                envs.get().gguf_native_head)
+                gguf_head or envs.get().gguf_native_head)
     max_pos = (getattr(hf_config, "max_position_embeddings", None)
                or getattr(hf_config, "n_positions", None) or 2048)
     return ModelDir(

@@ -17,6 +17,8 @@
 //   w8 ...        wna16_linear, 8 bits, symmetric, group 128, float16 scales, bf16 x;
 //   w8a8 ...      w8a8_linear, dynamic per-token activation scale, bf16 x (vpdpbusd
 //                 with AVX512_VNNI),
+//   gguf4/gguf8   (not by default) 4 / 8 bits in groups of 32, the bf16-x (or fp32-x)
+//                 tile against wna8_linear ("a8": int8 activations per 32 columns),
 // at M = 1 and 4 token rows, each a whole op call (x conversion / quantization, group
 // sums, output) as the engine makes it. GB/s counts the packed bytes (weights + scales).
 //
@@ -58,9 +60,13 @@ struct Activations {
   }
 };
 
-// Weight-only, `bits` bits, symmetric (no zero * scale), float16 scales [N/16][G][16].
+// Weight-only, `bits` bits, symmetric (no zero * scale), float16 scales [N/16][G][16];
+// gguf: groups of 32 (GGUF's Q4_0 / Q8_0), and wna8_linear (int8 activations per 32
+// columns) beside wna16_linear on the same bytes (random bytes are valid in either
+// 8-bit layout).
 void bench_weight_only(int bits, int64_t N, int64_t K, int reps, int64_t min_bytes,
-                       const Activations& xs) {
+                       const Activations& xs, bool gguf = false) {
+  const int64_t kGroup = gguf ? 32 : ::kGroup;
   const int64_t G = K / kGroup, wbytes = N * K * bits / 8, soff = align64(wbytes);
   const int64_t bytes = soff + N * G * 2;
   std::mt19937 gen(1);
@@ -76,6 +82,12 @@ void bench_weight_only(int bits, int64_t N, int64_t K, int reps, int64_t min_byt
     const at::Tensor s = at::Tensor::view(q + soff, {N / 16, G, 16}, at::kHalf);
     wna16_linear(x, w, s, zs, bits, kGroup, N, std::nullopt);
   };
+  auto call8 = [&, bits, N, K, G](const char* p, const at::Tensor& x) {
+    char* q = const_cast<char*>(p);
+    const at::Tensor w = at::Tensor::view(q, {wbytes}, bits == 8 ? at::kChar : at::kByte);
+    const at::Tensor s = at::Tensor::view(q + soff, {N / 16, G, 16}, at::kHalf);
+    wna8_linear(x, w, s, zs, bits, kGroup, N, std::nullopt);
+  };
   std::vector<Config> configs;
   for (int64_t M : {int64_t{1}, kMaxM}) {
     const std::string m = " M=" + std::to_string(M);
@@ -84,8 +96,10 @@ void bench_weight_only(int bits, int64_t N, int64_t K, int reps, int64_t min_byt
 #endif
     if (bits == 4) configs.push_back({"f32" + m, [&, M](const char* p) { call(p, xs.f32[M]); }, {}});
     else configs.push_back({"bf16 x" + m, [&, M](const char* p) { call(p, xs.bf[M]); }, {}});
+    if (gguf) configs.push_back({"a8" + m, [&, M](const char* p) { call8(p, xs.bf[M]); }, {}});
   }
-  run_round_robin(bits == 4 ? "w4g128" : "w8g128", N, K, mats, std::move(configs), reps);
+  run_round_robin(gguf ? (bits == 4 ? "w4g32" : "w8g32") : (bits == 4 ? "w4g128" : "w8g128"),
+                  N, K, mats, std::move(configs), reps);
 }
 
 // W8A8: int8 [N/16][K/4][16][4], then float32 wscale [N] and int32 wsum [N].
@@ -129,6 +143,8 @@ int main(int argc, char** argv) {
     if (args.has("w4")) bench_weight_only(4, N, K, args.reps, min_bytes, xs);
     if (args.has("w8")) bench_weight_only(8, N, K, args.reps, min_bytes, xs);
     if (args.has("w8a8")) bench_w8a8(N, K, args.reps, min_bytes, xs);
+    if (args.has("gguf4")) bench_weight_only(4, N, K, args.reps, min_bytes, xs, true);
+    if (args.has("gguf8")) bench_weight_only(8, N, K, args.reps, min_bytes, xs, true);
   }
   return 0;
 }

@@ -728,28 +728,95 @@ constexpr int64_t kActBlock = 32;  // activation columns per int8 scale
 inline int64_t run_cols(int64_t group) { return std::min<int64_t>(group, kActBlock); }
 
 
+#if defined(GLOWLM_QUANT_X86)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const fp16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
+// One block of 32 activations -> int8 q[0..32), returns d; h[0], h[1]: the sums of q over
+// columns 0-15 and 16-31. The W8A8 dynamic rule per block: inv = 127 / max|x|, q =
+// nearbyint(x * inv) clamped to [-127, 127] (a NaN gives -127, as quantize_values), d =
+// max|x| / 127 (1 for an all-zero block). Decode quantizes one row per projection on one
+// thread before the parallel region, so AVX2 does the same operations lane-wise (the
+// same bytes): scalar loops were twice the 4-bit kernel's own time at K = 16384.
+template <typename T>
+float quantize_block(const T* x, int8_t* q, int32_t* h) {
+#if defined(GLOWLM_QUANT_X86)
+  __m256 v[4];
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = load8(x + 8 * i);
+    m = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), m);  // NaN lanes keep m
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float amax = _mm_cvtss_f32(m4);
+  const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 127.0f);
+  const __m256 lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+  __m256i qi[4];
+  for (int i = 0; i < 4; ++i) {
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], inv),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);  // vmaxps(r, lo) is lo for a NaN r
+    qi[i] = _mm256_cvtps_epi32(r);
+  }
+  auto hsum = [](__m256i a) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+  };
+  h[0] = hsum(_mm256_add_epi32(qi[0], qi[1]));
+  h[1] = hsum(_mm256_add_epi32(qi[2], qi[3]));
+  // int32 -> int16 -> int8 (values fit, no saturation); packs interleave 128-bit lanes,
+  // which the final permute undoes.
+  const __m256i w16a = _mm256_packs_epi32(qi[0], qi[1]), w16b = _mm256_packs_epi32(qi[2], qi[3]);
+  const __m256i b8 = _mm256_packs_epi16(w16a, w16b);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return amax > 0 ? amax / 127.0f : 1.0f;
+#else
+  float xf[kActBlock];
+  for (int64_t k = 0; k < kActBlock; ++k) xf[k] = vec::to_float(x[k]);
+  const float amax = abs_max(xf, kActBlock);
+  uint8_t u[kActBlock];
+  quantize_values(xf, kActBlock, amax > 0 ? 127.0f / amax : 127.0f, 0.f, -127.f, u);
+  h[0] = h[1] = 0;
+  for (int64_t k = 0; k < kActBlock; ++k) {
+    q[k] = static_cast<int8_t>(static_cast<int>(u[k]) - 128);
+    h[k / 16] += q[k];
+  }
+  return amax > 0 ? amax / 127.0f : 1.0f;
+#endif
+}
+
 // Row m of x -> int8 q[m][K], d[m][K/32], and xs[m][g] = sum over group g of d * q
 // (the quantized activations' sum, which the zero point multiplies).
-void quantize_act_blocks(const float* x, int64_t M, int64_t K, int64_t group, int8_t* q,
+template <typename T>
+void quantize_act_blocks(const T* x, int64_t M, int64_t K, int64_t group, int8_t* q,
                          float* d, float* xs) {
   const int64_t nb = K / kActBlock, G = K / group;
+  std::vector<int32_t> halves(static_cast<size_t>(2 * nb));
   for (int64_t m = 0; m < M; ++m) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = x + m * K + b * kActBlock;
-      const float amax = abs_max(xb, kActBlock);
-      uint8_t u[kActBlock];
-      quantize_values(xb, kActBlock, amax > 0 ? 127.0f / amax : 127.0f, 0.f, -127.f, u);
-      for (int64_t k = 0; k < kActBlock; ++k)
-        q[m * K + b * kActBlock + k] = static_cast<int8_t>(static_cast<int>(u[k]) - 128);
-      d[m * nb + b] = amax > 0 ? amax / 127.0f : 1.0f;
-    }
-    for (int64_t g = 0; g < G; ++g) {  // a group is one block, half of one, or several
-      float t = 0.f;
-      for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += run_cols(group)) {
-        int32_t s = 0;
-        for (int64_t k = k0; k < k0 + run_cols(group); ++k) s += q[m * K + k];
-        t += d[m * nb + k0 / kActBlock] * static_cast<float>(s);
+    for (int64_t b = 0; b < nb; ++b)
+      d[m * nb + b] = quantize_block(x + m * K + b * kActBlock, q + m * K + b * kActBlock,
+                                     halves.data() + 2 * b);
+    for (int64_t g = 0; g < G; ++g) {  // a group is half a block, one block, or several
+      if (group == 16) {
+        xs[m * G + g] = d[m * nb + g / 2] * static_cast<float>(halves[g]);
+        continue;
       }
+      float t = 0.f;
+      for (int64_t b = g * group / kActBlock; b < (g + 1) * group / kActBlock; ++b)
+        t += d[m * nb + b] * static_cast<float>(halves[2 * b] + halves[2 * b + 1]);
       xs[m * G + g] = t;
     }
   }
@@ -791,6 +858,10 @@ inline __m256i bcast32(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// Software prefetch distance of the weight streams: a block is a short stream (K * 8
+// bytes at 4 bits: 4.6 KiB at K = 576) that the hardware prefetchers barely ramp up on.
+constexpr int64_t kWna8Ahead = 2048;
+
 // One tile: MT token rows x NB blocks (bs apart) of 4-bit weights, all of K.
 template <int MT, int NB, typename S>
 void wna8_tile4(const int8_t* xq, const float* xd, const float* xs, int64_t K, int64_t G,
@@ -816,8 +887,9 @@ void wna8_tile4(const int8_t* xq, const float* xd, const float* xs, int64_t K, i
         __m256i s16[MT][NB];
         GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
           GLOWLM_UNROLL for (int i = 0; i < NB; ++i) s16[m][i] = _mm256_setzero_si256();
-        GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
-          vec::prefetch(w + (b0 + i * bs) * block_bytes + h * 8 + 2048);
+        GLOWLM_UNROLL for (int i = 0; i < NB; ++i)  // 16 columns: 128 bytes, 2 lines
+          GLOWLM_UNROLL for (int j = 0; j < 2; ++j)
+            vec::prefetch(w + (b0 + i * bs) * block_bytes + h * 8 + 64 * j + kWna8Ahead);
         GLOWLM_UNROLL for (int u = 0; u < 4; ++u) {
           const int64_t k = h + 4 * u;
           __m256i lo[NB], hi[NB];
@@ -880,7 +952,7 @@ void wna8_tile8(const int8_t* xq, const float* xd, const float* xs, int64_t K, i
         __m256i wa[NB][2], ws[NB][2];
         GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
           const int8_t* p = w + (b0 + i * bs) * block_bytes + k * kRows;
-          if ((k & 4) == 0) vec::prefetch(p + 2048);
+          vec::prefetch(p + kWna8Ahead);  // 4 columns: one 64-byte line
           GLOWLM_UNROLL for (int j = 0; j < 2; ++j) {
             ws[i][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * j));
             wa[i][j] = _mm256_abs_epi8(ws[i][j]);
@@ -1009,10 +1081,20 @@ at::Tensor wna8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
               "wna8_linear: weight does not match N ", npad, " x K ", K);
   at::Tensor out = at::empty({M, npad}, x.options().dtype(at::kFloat));
   if (M == 0) return finish(out, n, bias, x.scalar_type());
-  at::Tensor xf = x.to(at::kFloat).contiguous();
   std::vector<int8_t> xq(static_cast<size_t>(M * K));
   std::vector<float> xd(static_cast<size_t>(M * (K / kActBlock))), xs(static_cast<size_t>(M * G));
-  quantize_act_blocks(xf.data_ptr<float>(), M, K, group_size, xq.data(), xd.data(), xs.data());
+  const at::Tensor xc = x.contiguous();  // read in its own dtype: no float copy per call
+  if (xc.scalar_type() == at::kBFloat16)
+    quantize_act_blocks(reinterpret_cast<const bf16*>(xc.data_ptr<at::BFloat16>()), M, K,
+                        group_size, xq.data(), xd.data(), xs.data());
+  else if (xc.scalar_type() == at::kHalf)
+    quantize_act_blocks(reinterpret_cast<const fp16*>(xc.data_ptr<at::Half>()), M, K,
+                        group_size, xq.data(), xd.data(), xs.data());
+  else {
+    const at::Tensor xf = xc.to(at::kFloat).contiguous();
+    quantize_act_blocks(xf.data_ptr<float>(), M, K, group_size, xq.data(), xd.data(),
+                        xs.data());
+  }
   const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
   const float zero = static_cast<float>(1 << (bits - 1));
   auto run = [&](const auto* sp) {
