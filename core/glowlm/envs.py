@@ -38,9 +38,10 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
                                 "platform implements them (fewer bytes per token); 0: "
                                 "dequantize every tensor at load"),
     "GLOWLM_GGUF_NATIVE_HEAD": ("auto", "the GGUF LM head natively too: auto (when its blocks "
-                                        "run 4-bit; 8-bit heads stay dense bf16, which "
-                                        "streams faster here), 1 (any native type), 0 "
-                                        "(dense)"),
+                                        "run 4-bit, or 8-bit where the layers take int8 "
+                                        "activations; otherwise 8-bit heads stay dense "
+                                        "bf16, which streams faster), 1 (any native "
+                                        "type), 0 (dense)"),
     "GLOWLM_GGUF_INT8_ACTIVATIONS": ("auto", "natively run GGUF layers multiply int8 "
                                              "activations (per 32 columns, as ggml does): "
                                              "auto (where the kernels are faster so: CPUs "
