@@ -137,14 +137,16 @@ def packed_rows(p: PackedWeightOnly, rows: torch.Tensor) -> torch.Tensor:
         units = p.weight[block, :, r, :]                      # [M, K/4, 2]
         q = torch.stack([units & 0x0F, units >> 4], dim=2)    # [M, K/4, lo/hi, j]
     elif p.act_block:  # weight int8 [Npad/16, K/4, 16, 4]: q - 128
-        q = p.weight[block, :, r, :].to(torch.int16) + 128    # [M, K/4, 4]
+        q = p.weight[block, :, r, :].float() + 128            # [M, K/4, 4]
     else:  # weight [Npad/16, K/2, 2, 16]
         q = p.weight[block, :, :, r]                          # [M, K/2, 2]
-    q = q.reshape(rows.shape[0], -1).float()
-    g = p.group_size
+    m, g = rows.shape[0], p.group_size
+    q = q.reshape(m, -1, g).float()                           # [M, G, g]
     s = p.scales[block, :, r].float()
     zs = s * float(1 << (p.bits - 1)) if p.zs.numel() == 0 else p.zs[block, :, r].float()
-    y = q * s.repeat_interleave(g, 1) - zs.repeat_interleave(g, 1)
+    # Broadcast over each group (the same products as repeat_interleave, without the
+    # [M, K] copies: decode looks one row up per step).
+    y = (q * s.unsqueeze(2) - zs.unsqueeze(2)).reshape(m, -1)
     if p.perm is None:
         return y
     out = torch.empty_like(y)
