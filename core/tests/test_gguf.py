@@ -185,13 +185,14 @@ def test_default_model_greedy_and_logprobs_equal_transformers(smollm, monkeypatc
 
 def test_default_model_with_int8_activations_stays_near_transformers(smollm, monkeypatch):
     """int8 activations per 32 columns (ggml's arithmetic; the default where the kernels
-    are faster so): greedy tokens still equal transformers', and the prompt log-probs move
-    by about as much as running the model in bfloat16 does (measured on this sentence:
-    int8 max 0.13 / mean 0.036, bf16 activations 0.12 / 0.034), bounded at 0.3 / 0.06."""
+    are faster so), the Q8_0 LM head among the layers that take them: greedy tokens still
+    equal transformers', and the prompt log-probs move by about twice what running the
+    model in bfloat16 does (measured on this sentence: int8 max 0.22 / mean 0.064 nats,
+    bf16 activations and head 0.13 / 0.036), bounded at 0.35 / 0.1."""
     monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", "1")
     llm = _check_greedy(smollm, None)
     err = _logprob_error(llm, smollm)
-    assert float(err.max()) < 0.3 and float(err.mean()) < 0.06, err
+    assert float(err.max()) < 0.35 and float(err.mean()) < 0.1, err
 
 
 @pytest.mark.slow

@@ -133,6 +133,7 @@ def test_advertised_gguf_runs_native_blocks(platform: Platform, tmp_path: Path,
     from glowlm.testing.tiny_models import SMALL_ENGINE, make_tiny_model
 
     monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
+    monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", "0")  # the same block values exactly
     path = write_tiny_gguf(make_tiny_model("mistral", tmp_path / "hf"), tmp_path / "m.gguf",
                            "Q4_1")
     prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9, 10, 11]}, {"prompt_token_ids": [40] * 20}]

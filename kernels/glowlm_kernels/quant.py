@@ -172,7 +172,8 @@ def pack_w8a8(w: Int8Weights) -> PackedW8A8:
 def quant_ops_registered(namespace: str) -> bool:
     """Whether ``torch.ops.<namespace>`` has the quantized ops (its module is loaded)."""
     try:
-        getattr(torch.ops, namespace).wna16_linear.default  # noqa: B018 - raises if absent
+        for op in QUANT_OP_NAMES:  # a module built before wna8_linear lacks it
+            getattr(getattr(torch.ops, namespace), op).default  # noqa: B018 - raises if absent
     except (AttributeError, RuntimeError):
         return False
     return True

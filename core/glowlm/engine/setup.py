@@ -82,12 +82,21 @@ def gguf_head_policy(platform: Platform) -> str:
     layers multiply int8 activations: its 8-bit heads then stream faster natively than
     dense (native_quant_config's docstring has the figures)."""
     mode = envs.get().gguf_native_head
-    if mode != "auto" or "gguf" not in quantization.implemented(platform):
+    if mode != "auto":
         return mode
     from glowlm.layers.quantization.gguf import act_block
 
-    probe = quantization.resolve({"quant_method": "gguf", "layers": {}}, platform)
-    return "auto-int8" if probe is not None and act_block(probe.kernels(), 32) else mode
+    try:  # runs for every model, GGUF or not: a plugin's failure here must not stop it
+        if "gguf" not in quantization.implemented(platform):
+            return mode
+        kernels = quantization.resolve({"quant_method": "gguf", "layers": {}},
+                                       platform).kernels()  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - the plain policy then; loading reports real errors
+        return mode
+    # Speed, not the accuracy switch: a forced GLOWLM_GGUF_INT8_ACTIVATIONS=1 on kernels
+    # whose int8 path is not fast (core's reference, plain loops) keeps 8-bit heads dense.
+    fast = kernels.int8_activations and act_block(kernels, 32)
+    return "auto-int8" if fast else mode
 
 
 def build_engine_parts(config: EngineConfig, show_progress: bool = True,

@@ -99,6 +99,31 @@ def test_int8_activations_extreme_sums_are_exact(kernels, bits: int, group: int)
         assert torch.equal(kernels.weight_only(x, p, None), want)
 
 
+def test_tiny_activation_blocks_are_zeros(kernels) -> None:
+    """A block whose max|x| is below 1e-30 (127 / max|x| would overflow float32) is all
+    zeros, in the kernel and the reference alike; its neighbours are unaffected."""
+    w = _weights(4, 32, 128, 32, symmetric=False, seed=4)
+    x = torch.randn(2, 128, generator=torch.Generator().manual_seed(4))
+    x[0, :32] = 1e-38
+    x[0, 40] = 0.0
+    x[1, 32:64] = 0.0
+    p = kernels.prepare_weight_only(w)
+    want = REFERENCE_KERNELS.weight_only(x, w, None)
+    assert _rel_err(kernels.weight_only(x, p, None), want) < 2e-5
+    assert torch.isfinite(want).all()
+
+
+def test_8bit_weights_must_be_the_signed_layout(kernels) -> None:
+    """wna8_linear reads 8-bit weights only as W8A8's int8 layout: wna16's uint8 column
+    pairs are refused, not misread."""
+    w = _weights(8, 16, 64, 32, symmetric=True, seed=2)
+    p = kernels.prepare_weight_only(w)
+    assert p.weight.dtype == torch.int8
+    with pytest.raises(RuntimeError, match="int8"):
+        torch.ops.glowlm_x86.wna8_linear(torch.randn(1, 64), p.weight.view(torch.uint8),
+                                         p.scales, p.zs, 8, 32, 16, None)
+
+
 def test_int8_activations_are_the_quantization_error_away(kernels) -> None:
     """Against the same weights with unquantized activations: the difference is the
     per-block int8 rounding (|x - x^| <= max|x| / 254 per block), far below the weights'

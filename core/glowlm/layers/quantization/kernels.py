@@ -89,6 +89,8 @@ def quantize_activations(x: torch.Tensor, input_scale: float | None, zero_point:
 
 #: Columns per int8 activation scale when a weight-only layer quantizes its activations.
 ACT_BLOCK = 32
+#: Activation blocks whose max|x| is below this are quantized to zeros.
+TINY_AMAX = 1e-30
 
 
 def quantize_act_blocks(x: torch.Tensor, block: int = ACT_BLOCK) -> torch.Tensor:
@@ -100,7 +102,11 @@ def quantize_act_blocks(x: torch.Tensor, block: int = ACT_BLOCK) -> torch.Tensor
     m, k = x.shape
     if k % block:
         raise ValueError(f"{k} columns are not whole blocks of {block}")
-    q, scale = quantize_activations(x.float().reshape(m * k // block, block), None, 0)
+    blocks = x.float().reshape(m * k // block, block)
+    # Blocks below TINY_AMAX are zeros (127 / max|x| would overflow float32), as in
+    # quant_linear.cpp.
+    tiny = blocks.abs().amax(dim=1, keepdim=True) < TINY_AMAX
+    q, scale = quantize_activations(torch.where(tiny, 0.0, blocks), None, 0)
     return (q * scale).reshape(m, k)
 
 

@@ -739,6 +739,17 @@ inline __m256 load8(const fp16* p) {
 }
 #endif
 
+// Blocks whose max|x| is below this quantize to zeros (d = 1): 127 / max|x| overflows
+// float32 below ~3.7e-37, and inf * 0 would be NaN, i.e. -127. Such values are zeros to
+// any model; core's reference (quantize_act_blocks) has the same rule.
+constexpr float kTinyAmax = 1e-30f;
+
+inline float zero_block(int8_t* q, int32_t* h) {
+  std::memset(q, 0, kActBlock);
+  h[0] = h[1] = 0;
+  return 1.0f;
+}
+
 // One block of 32 activations -> int8 q[0..32), returns d; h[0], h[1]: the sums of q over
 // columns 0-15 and 16-31. The W8A8 dynamic rule per block: inv = 127 / max|x|, q =
 // nearbyint(x * inv) clamped to [-127, 127] (a NaN gives -127, as quantize_values), d =
@@ -747,6 +758,7 @@ inline __m256 load8(const fp16* p) {
 // same bytes): scalar loops were twice the 4-bit kernel's own time at K = 16384.
 template <typename T>
 float quantize_block(const T* x, int8_t* q, int32_t* h) {
+  float amax;
 #if defined(GLOWLM_QUANT_X86)
   __m256 v[4];
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -758,8 +770,9 @@ float quantize_block(const T* x, int8_t* q, int32_t* h) {
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  const float amax = _mm_cvtss_f32(m4);
-  const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 127.0f);
+  amax = _mm_cvtss_f32(m4);
+  if (!(amax >= kTinyAmax)) return zero_block(q, h);
+  const __m256 inv = _mm256_set1_ps(127.0f / amax);
   const __m256 lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
   __m256i qi[4];
   for (int i = 0; i < 4; ++i) {
@@ -782,19 +795,20 @@ float quantize_block(const T* x, int8_t* q, int32_t* h) {
   const __m256i b8 = _mm256_packs_epi16(w16a, w16b);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
                       _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  return amax > 0 ? amax / 127.0f : 1.0f;
+  return amax / 127.0f;
 #else
   float xf[kActBlock];
   for (int64_t k = 0; k < kActBlock; ++k) xf[k] = vec::to_float(x[k]);
-  const float amax = abs_max(xf, kActBlock);
+  amax = abs_max(xf, kActBlock);
+  if (!(amax >= kTinyAmax)) return zero_block(q, h);
   uint8_t u[kActBlock];
-  quantize_values(xf, kActBlock, amax > 0 ? 127.0f / amax : 127.0f, 0.f, -127.f, u);
+  quantize_values(xf, kActBlock, 127.0f / amax, 0.f, -127.f, u);
   h[0] = h[1] = 0;
   for (int64_t k = 0; k < kActBlock; ++k) {
     q[k] = static_cast<int8_t>(static_cast<int>(u[k]) - 128);
     h[k / 16] += q[k];
   }
-  return amax > 0 ? amax / 127.0f : 1.0f;
+  return amax / 127.0f;
 #endif
 }
 
@@ -823,18 +837,6 @@ void quantize_act_blocks(const T* x, int64_t M, int64_t K, int64_t group, int8_t
 }
 
 #if defined(GLOWLM_QUANT_X86)
-// 16 int16 row sums (lane r = row r) -> kVecs fp32 registers, added to f as d * sum.
-inline void add_rows16(__m256i s, VecF d, VecF* f) {
-#if defined(__AVX512F__)
-  f[0] = vec::fmadd(d, {_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(s))}, f[0]);
-#else
-  f[0] = vec::fmadd(d, {_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s)))},
-                    f[0]);
-  f[1] = vec::fmadd(d, {_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(s, 1)))},
-                    f[1]);
-#endif
-}
-
 // Two int32 registers (rows 0-7, 8-15) -> kVecs fp32 registers, added to f as d * sum.
 inline void add_rows32(__m256i lo, __m256i hi, VecF d, VecF* f) {
 #if defined(__AVX512F__)
@@ -1061,9 +1063,12 @@ at::Tensor wna8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
                        const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2, "wna8_linear: x must be [M, K]");
   TORCH_CHECK(bits == 4 || bits == 8, "wna8_linear: bits must be 4 or 8");
-  TORCH_CHECK(weight.is_contiguous() && (weight.scalar_type() == at::kByte ||
-                                         weight.scalar_type() == at::kChar),
-              "wna8_linear: weight must be contiguous uint8 / int8 (prepared layout)");
+  // 4 bits: wna16's uint8 nibble layout; 8 bits: W8A8's int8 layout (q - 128), never
+  // wna16's uint8 column pairs, which would read as other values.
+  TORCH_CHECK(weight.is_contiguous() &&
+                  weight.scalar_type() == (bits == 4 ? at::kByte : at::kChar),
+              "wna8_linear: weight must be contiguous uint8 (4 bits) or int8 (8 bits) in "
+              "the prepared layout");
   const auto sdt = scales.scalar_type();
   const bool sym = zs.numel() == 0;
   TORCH_CHECK((sdt == at::kFloat || sdt == at::kHalf) && scales.is_contiguous() &&
