@@ -213,6 +213,24 @@ def _max_tol(want: torch.Tensor, rel: float) -> tuple[float, float]:
     return rel * float(want.float().abs().max().clamp_min(1e-12)), 0.0
 
 
+def _weight_only_case(c: Cases, name: str, op: str, w: WeightOnlyInt, x: torch.Tensor,
+                      bias: torch.Tensor | None, rel: float) -> None:
+    """One weight-only case (``wna16_linear`` / ``wna8_linear``): the reference's output,
+    the packed weight, scales and zero * scale, within ``rel`` of max|want|."""
+    want = REFERENCE_QUANT_KERNELS.weight_only(x, w, bias)
+    p = pack_weight_only(w)
+    arrays = {"x": x, "weight": p.weight, "scales": p.scales, "want": want}
+    if p.zs.numel():
+        arrays["zs"] = p.zs
+    if bias is not None:
+        arrays["bias"] = bias
+    m, k = x.shape
+    c.add(name, op, x.dtype, x.dtype, _max_tol(want, rel),
+          {"m": m, "n": w.q.shape[0], "k": k, "bits": w.bits, "group": w.group_size,
+           "blocks": p.scales.shape[0],
+           "scales_f16": int(p.scales.dtype == torch.float16)}, None, arrays)
+
+
 def _quant_cases(c: Cases, gen: torch.Generator) -> None:
     # (bits, n, k, group): N with a partial block, one and two groups, a group of units
     # not divisible by the accumulator sets (20 columns: 5 units), 8-bit column pairs.
@@ -233,20 +251,10 @@ def _quant_cases(c: Cases, gen: torch.Generator) -> None:
             w = WeightOnlyInt(q, scales, zeros, bits, group)
             x = _randn(m, k, dtype=dt, gen=gen)
             bias = _randn(n, dtype=dt, gen=gen) if m % 2 else None
-            want = REFERENCE_QUANT_KERNELS.weight_only(x, w, bias)
-            p = pack_weight_only(w)
-            arrays = {"x": x, "weight": p.weight, "scales": p.scales, "want": want}
-            if p.zs.numel():
-                arrays["zs"] = p.zs
-            if bias is not None:
-                arrays["bias"] = bias
             # fp32: the same sums in another order; bf16 / fp16: one output rounding.
-            rel = 2e-6 if dt == torch.float32 else 8e-3
-            c.add(f"wna16-w{bits}{'-sym' if sym else ''}-x{DTYPES[dt]}-{m}x{n}x{k}-g{group}",
-                  "wna16_linear", dt, dt, _max_tol(want, rel),
-                  {"m": m, "n": n, "k": k, "bits": bits, "group": group,
-                   "blocks": p.scales.shape[0],
-                   "scales_f16": int(p.scales.dtype == torch.float16)}, None, arrays)
+            _weight_only_case(
+                c, f"wna16-w{bits}{'-sym' if sym else ''}-x{DTYPES[dt]}-{m}x{n}x{k}-g{group}",
+                "wna16_linear", w, x, bias, 2e-6 if dt == torch.float32 else 8e-3)
     # wna8_linear: the same weights with int8 activations per 32 columns (GGUF's
     # arithmetic): groups of 16, 32 and 64, 4 and 8 bits (8: W8A8's signed layout), the
     # 1-, 2- and 4-token tiles and decode's work split (N = 600). Same integers as the
@@ -262,19 +270,8 @@ def _quant_cases(c: Cases, gen: torch.Generator) -> None:
             w = WeightOnlyInt(q, scales, zeros, bits, group, act_block=32)
             x = _randn(m, k, dtype=dt, gen=gen)
             bias = _randn(n, dtype=dt, gen=gen) if m % 2 else None
-            want = REFERENCE_QUANT_KERNELS.weight_only(x, w, bias)
-            p = pack_weight_only(w)
-            arrays = {"x": x, "weight": p.weight, "scales": p.scales, "want": want}
-            if p.zs.numel():
-                arrays["zs"] = p.zs
-            if bias is not None:
-                arrays["bias"] = bias
-            rel = 2e-5 if dt == torch.float32 else 8e-3
-            c.add(f"wna8-w{bits}-x{DTYPES[dt]}-{m}x{n}x{k}-g{group}", "wna8_linear", dt, dt,
-                  _max_tol(want, rel),
-                  {"m": m, "n": n, "k": k, "bits": bits, "group": group,
-                   "blocks": p.scales.shape[0],
-                   "scales_f16": int(p.scales.dtype == torch.float16)}, None, arrays)
+            _weight_only_case(c, f"wna8-w{bits}-x{DTYPES[dt]}-{m}x{n}x{k}-g{group}",
+                              "wna8_linear", w, x, bias, 2e-5 if dt == torch.float32 else 8e-3)
     for m, n, k in ((1, 40, 66), (5, 16, 64)):
         for static in (None, (0.02, 0), (0.03, 5)):
             q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)

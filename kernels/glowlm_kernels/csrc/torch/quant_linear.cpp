@@ -865,79 +865,82 @@ inline __m256i bcast32(const int8_t* p) {
 // bytes at 4 bits: 4.6 KiB at K = 576) that the hardware prefetchers barely ramp up on.
 constexpr int64_t kWna8Ahead = 2048;
 
-// One tile: MT token rows x NB blocks (bs apart) of 4-bit weights, all of K.
-template <int MT, int NB, typename S>
-void wna8_tile4(const int8_t* xq, const float* xd, const float* xs, int64_t K, int64_t G,
-                int64_t group, const uint8_t* w, const GroupScales<S>& gsc, int64_t b0,
-                int64_t bs, float* out, int64_t ldo) {
-  constexpr int L = NB * kVecs;
-  const int64_t block_bytes = K * kRows / 2, nb = K / kActBlock, rc = run_cols(group);
+// One run of rc columns (k0 ...) of 4-bit weights into i32 (rows 0-7, 8-15 of each
+// block): every 16 columns, 4 units of int16 sums (at most 30 480), widened to int32.
+template <int MT, int NB>
+inline void run4(const int8_t* xq, int64_t K, const uint8_t* w, int64_t block_bytes,
+                 int64_t b0, int64_t bs, int64_t k0, int64_t rc, __m256i (&i32)[MT][NB][2]) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
-  float yv[MT][L * vec::W];
-  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
-    GLOWLM_UNROLL for (int l = 0; l < L; ++l) vec::store(&yv[m][l * vec::W], vec::zero());
-  for (int64_t g = 0; g < G; ++g) {
-    VecF a[MT][L];
+  for (int64_t h = k0; h < k0 + rc; h += 16) {
+    __m256i s16[MT][NB];
     GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
-      GLOWLM_UNROLL for (int l = 0; l < L; ++l) a[m][l] = vec::zero();
-    GLOWLM_UNROLL for (int i = 0; i < NB; ++i) gsc.prefetch(b0 + i * bs, g + 2);
-    for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += rc) {
-      __m256i i32[MT][NB][2];
-      GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
-        GLOWLM_UNROLL for (int i = 0; i < NB; ++i) i32[m][i][0] = i32[m][i][1] =
-            _mm256_setzero_si256();
-      for (int64_t h = k0; h < k0 + rc; h += 16) {  // 16 columns: 4 units, int16 sums
-        __m256i s16[MT][NB];
-        GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
-          GLOWLM_UNROLL for (int i = 0; i < NB; ++i) s16[m][i] = _mm256_setzero_si256();
-        GLOWLM_UNROLL for (int i = 0; i < NB; ++i)  // 16 columns: 128 bytes, 2 lines
-          GLOWLM_UNROLL for (int j = 0; j < 2; ++j)
-            vec::prefetch(w + (b0 + i * bs) * block_bytes + h * 8 + 64 * j + kWna8Ahead);
-        GLOWLM_UNROLL for (int u = 0; u < 4; ++u) {
-          const int64_t k = h + 4 * u;
-          __m256i lo[NB], hi[NB];
-          GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
-            const __m256i v = _mm256_loadu_si256(
-                reinterpret_cast<const __m256i*>(w + (b0 + i * bs) * block_bytes + k * 8));
-            lo[i] = _mm256_and_si256(v, mask);
-            hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-          }
-          GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
-            const __m256i x01 = bcast16(xq + m * K + k), x23 = bcast16(xq + m * K + k + 2);
-            GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
-              s16[m][i] = _mm256_add_epi16(s16[m][i], _mm256_maddubs_epi16(lo[i], x01));
-              s16[m][i] = _mm256_add_epi16(s16[m][i], _mm256_maddubs_epi16(hi[i], x23));
-            }
-          }
-        }
-        GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
-          GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
-            i32[m][i][0] = _mm256_add_epi32(
-                i32[m][i][0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16[m][i])));
-            i32[m][i][1] = _mm256_add_epi32(
-                i32[m][i][1], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[m][i], 1)));
-          }
+      GLOWLM_UNROLL for (int i = 0; i < NB; ++i) s16[m][i] = _mm256_setzero_si256();
+    GLOWLM_UNROLL for (int i = 0; i < NB; ++i)  // 16 columns: 128 bytes, 2 lines
+      GLOWLM_UNROLL for (int j = 0; j < 2; ++j)
+        vec::prefetch(w + (b0 + i * bs) * block_bytes + h * 8 + 64 * j + kWna8Ahead);
+    GLOWLM_UNROLL for (int u = 0; u < 4; ++u) {
+      const int64_t k = h + 4 * u;
+      __m256i lo[NB], hi[NB];
+      GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
+        const __m256i v = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(w + (b0 + i * bs) * block_bytes + k * 8));
+        lo[i] = _mm256_and_si256(v, mask);
+        hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
       }
       GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
-        const VecF d = vec::set1(xd[m * nb + k0 / kActBlock]);
-        GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
-          add_rows32(i32[m][i][0], i32[m][i][1], d, &a[m][i * kVecs]);
+        const __m256i x01 = bcast16(xq + m * K + k), x23 = bcast16(xq + m * K + k + 2);
+        GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
+          s16[m][i] = _mm256_add_epi16(s16[m][i], _mm256_maddubs_epi16(lo[i], x01));
+          s16[m][i] = _mm256_add_epi16(s16[m][i], _mm256_maddubs_epi16(hi[i], x23));
+        }
       }
     }
-    gsc.template apply<MT, L>(b0, bs, g, 0.0f, a, xs, yv);
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+      GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
+        i32[m][i][0] = _mm256_add_epi32(
+            i32[m][i][0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16[m][i])));
+        i32[m][i][1] = _mm256_add_epi32(
+            i32[m][i][1], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[m][i], 1)));
+      }
   }
-  store_rows<MT, NB>(yv, b0, bs, out, ldo);
 }
 
-// One tile of 8-bit weights in W8A8's layout (signed q - 128, 4 columns per row and
-// step): sum(q x) = sum((q - 128) x) + 128 sum(x), which offset -128 puts back.
-template <int MT, int NB, typename S>
-void wna8_tile8(const int8_t* xq, const float* xd, const float* xs, int64_t K, int64_t G,
-                int64_t group, const int8_t* w, const GroupScales<S>& gsc, int64_t b0,
-                int64_t bs, float* out, int64_t ldo) {
-  constexpr int L = NB * kVecs;
-  const int64_t block_bytes = K * kRows, nb = K / kActBlock, rc = run_cols(group);
+// The same for 8-bit weights in W8A8's layout (signed q - 128, 4 columns per row and
+// step, 64 bytes per block): vpmaddubsw on |w| and sign(x, w), vpmaddwd to int32.
+template <int MT, int NB>
+inline void run8(const int8_t* xq, int64_t K, const int8_t* w, int64_t block_bytes,
+                 int64_t b0, int64_t bs, int64_t k0, int64_t rc, __m256i (&i32)[MT][NB][2]) {
   const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t k = k0; k < k0 + rc; k += 4) {
+    __m256i wa[NB][2], ws[NB][2];
+    GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
+      const int8_t* p = w + (b0 + i * bs) * block_bytes + k * kRows;
+      vec::prefetch(p + kWna8Ahead);  // 4 columns: one 64-byte line
+      GLOWLM_UNROLL for (int j = 0; j < 2; ++j) {
+        ws[i][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * j));
+        wa[i][j] = _mm256_abs_epi8(ws[i][j]);
+      }
+    }
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+      const __m256i xv = bcast32(xq + m * K + k);
+      GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
+        GLOWLM_UNROLL for (int j = 0; j < 2; ++j) {
+          const __m256i p16 = _mm256_maddubs_epi16(wa[i][j], _mm256_sign_epi8(xv, ws[i][j]));
+          i32[m][i][j] = _mm256_add_epi32(i32[m][i][j], _mm256_madd_epi16(p16, ones));
+        }
+    }
+  }
+}
+
+// One tile: MT token rows x NB blocks (bs apart), all of K. Per group: each run's int32
+// sums times its block's d into fp32, then wna16's epilogue. 8 bits: sum(q x) =
+// sum((q - 128) x) + 128 sum(x), which offset -128 puts back.
+template <int BITS, int MT, int NB, typename S>
+void wna8_tile(const int8_t* xq, const float* xd, const float* xs, int64_t K, int64_t G,
+               int64_t group, const uint8_t* w, const GroupScales<S>& gsc, int64_t b0,
+               int64_t bs, float* out, int64_t ldo) {
+  constexpr int L = NB * kVecs;
+  const int64_t block_bytes = K * kRows * BITS / 8, nb = K / kActBlock, rc = run_cols(group);
   float yv[MT][L * vec::W];
   GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
     GLOWLM_UNROLL for (int l = 0; l < L; ++l) vec::store(&yv[m][l * vec::W], vec::zero());
@@ -951,32 +954,18 @@ void wna8_tile8(const int8_t* xq, const float* xd, const float* xs, int64_t K, i
       GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
         GLOWLM_UNROLL for (int i = 0; i < NB; ++i) i32[m][i][0] = i32[m][i][1] =
             _mm256_setzero_si256();
-      for (int64_t k = k0; k < k0 + rc; k += 4) {  // 4 columns: 64 bytes per block
-        __m256i wa[NB][2], ws[NB][2];
-        GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
-          const int8_t* p = w + (b0 + i * bs) * block_bytes + k * kRows;
-          vec::prefetch(p + kWna8Ahead);  // 4 columns: one 64-byte line
-          GLOWLM_UNROLL for (int j = 0; j < 2; ++j) {
-            ws[i][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * j));
-            wa[i][j] = _mm256_abs_epi8(ws[i][j]);
-          }
-        }
-        GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
-          const __m256i xv = bcast32(xq + m * K + k);
-          GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
-            GLOWLM_UNROLL for (int j = 0; j < 2; ++j) {
-              const __m256i p16 = _mm256_maddubs_epi16(wa[i][j], _mm256_sign_epi8(xv, ws[i][j]));
-              i32[m][i][j] = _mm256_add_epi32(i32[m][i][j], _mm256_madd_epi16(p16, ones));
-            }
-        }
-      }
+      if constexpr (BITS == 4)
+        run4<MT, NB>(xq, K, w, block_bytes, b0, bs, k0, rc, i32);
+      else
+        run8<MT, NB>(xq, K, reinterpret_cast<const int8_t*>(w), block_bytes, b0, bs, k0, rc,
+                     i32);
       GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
         const VecF d = vec::set1(xd[m * nb + k0 / kActBlock]);
         GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
           add_rows32(i32[m][i][0], i32[m][i][1], d, &a[m][i * kVecs]);
       }
     }
-    gsc.template apply<MT, L>(b0, bs, g, -128.0f, a, xs, yv);
+    gsc.template apply<MT, L>(b0, bs, g, BITS == 8 ? -128.0f : 0.0f, a, xs, yv);
   }
   store_rows<MT, NB>(yv, b0, bs, out, ldo);
 }
@@ -1027,14 +1016,8 @@ void wna8_run(const int8_t* xq, const float* xd, const float* xs, int64_t M, int
     constexpr int NB = decltype(nbc)::value;
     auto tile = [&](auto mtc, int64_t m) {
       constexpr int MT = decltype(mtc)::value;
-      const int8_t* xm = xq + m * K;
-      if constexpr (BITS == 4)
-        wna8_tile4<MT, NB>(xm, xd + m * nb, xs + m * G, K, G, group, w, gsc, b0, bs,
-                           out + m * npad, npad);
-      else
-        wna8_tile8<MT, NB>(xm, xd + m * nb, xs + m * G, K, G, group,
-                           reinterpret_cast<const int8_t*>(w), gsc, b0, bs, out + m * npad,
-                           npad);
+      wna8_tile<BITS, MT, NB>(xq + m * K, xd + m * nb, xs + m * G, K, G, group, w, gsc, b0,
+                              bs, out + m * npad, npad);
     };
     int64_t m = m0;
     const int64_t end = m0 + mn;
