@@ -274,3 +274,17 @@ def test_limits_are_documented() -> None:
                    "--request-header-timeout", "--request-body-timeout",
                    "--timeout-keep-alive", "--limit-concurrency", "GLOWLM_API_KEY", "413"):
         assert needle in doc, needle
+
+
+def test_stream_events_survive_line_splitters_that_split_on_unicode_breaks() -> None:
+    """Sampled text may hold U+2028, U+0085, \\x1c...; ``str.splitlines`` and httpx's
+    ``iter_lines`` split there, so the event must carry them JSON-escaped (same payload)."""
+    from glowlm.entrypoints.openai.serving_base import sse
+
+    text = "a\u2028b\u2029c\x85d\x1ce\x1df\x1eg\x0bh\x0ci é\u00e9"
+    event = sse({"choices": [{"text": text}]})
+    lines = event.splitlines()
+    assert lines == [lines[0], ""], lines
+    assert json.loads(lines[0].removeprefix("data: "))["choices"][0]["text"] == text
+    decoder = httpx._decoders.LineDecoder()  # what ``Response.iter_lines`` runs
+    assert [ln for ln in decoder.decode(event) + decoder.flush() if ln] == [lines[0]]

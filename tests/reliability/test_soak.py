@@ -74,7 +74,8 @@ def _request(rng: random.Random) -> tuple[str, dict[str, Any], int]:
 async def _check(resp: httpx.Response, body: dict[str, Any], exact: int) -> None:
     assert resp.status_code == 200, resp.text
     if body["stream"]:
-        lines = [ln for ln in resp.text.splitlines() if ln.startswith("data: ")]
+        # SSE ends lines at LF only (str.splitlines would also split on U+2028 &c.).
+        lines = [ln for ln in resp.text.split("\n") if ln.startswith("data: ")]
         assert lines[-1] == "data: [DONE]", lines[-3:]
         events = [json.loads(ln[6:]) for ln in lines[:-1]]
         assert all("error" not in e for e in events), events

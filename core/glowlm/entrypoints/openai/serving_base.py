@@ -56,10 +56,18 @@ def now() -> int:
     return int(time.time())
 
 
+#: Characters that ``str.splitlines`` - and so httpx's ``iter_lines`` and many SSE
+#: clients built on it - treat as line ends although SSE ends lines at CR/LF only.
+#: Sampled text may hold any of them; JSON-escaped, the decoded payload is the same and
+#: no client cuts an event in two.
+_LINE_BREAKS = {c: f"\\u{ord(c):04x}" for c in "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+_ESCAPE_BREAKS = str.maketrans(_LINE_BREAKS)
+
+
 def sse(data: dict[str, Any] | str) -> str:
     """One server-sent event. Whole strings only, so a UTF-8 character is never split."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return f"data: {payload}\n\n"
+    return f"data: {payload.translate(_ESCAPE_BREAKS)}\n\n"
 
 
 def _lp(value: float) -> float:
