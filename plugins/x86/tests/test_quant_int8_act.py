@@ -67,12 +67,14 @@ def test_int8_activations_match_reference(kernels, m: int, bits: int, n: int, k:
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("n", [256, 600])
+@pytest.mark.parametrize("n", [16, 48, 256, 600, 1040])
 @pytest.mark.parametrize("half", [True, False])
 def test_int8_activations_decode_split_and_fp16_scales(kernels, bits: int, n: int,
                                                        half: bool) -> None:
-    """Decode (1-3 rows) takes 2 blocks 4 apart per work item, the rest one block: every
-    row lands where the reference puts it; fp16 scales (GGUF's) are read as such."""
+    """Decode (1-3 rows) splits the blocks into two far-apart streams walked in runs of
+    adjacent blocks, an odd block alone (n = 16: no stream, 48: one pair and a tail, 1040:
+    65 blocks, runs of 4 and a tail); prefill one block per item: every row lands where
+    the reference puts it; fp16 scales (GGUF's) are read as such."""
     w = _weights(bits, n, 576, 32, symmetric=False, seed=bits + n, half=half)
     p = kernels.prepare_weight_only(w)
     x = torch.randn(4, 576, generator=torch.Generator().manual_seed(n))
