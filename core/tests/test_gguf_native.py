@@ -356,3 +356,37 @@ def test_real_gemma3_native_equals_dequantized(gemma3_file, monkeypatch) -> None
             [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)])
         del llm
     assert outs[0] == outs[1]
+
+
+def test_loaded_line_counts_the_architectures_parameters(mixed_file, monkeypatch,
+                                                         tmp_path) -> None:
+    """The start-up line's parameter count is the same whether the blocks run natively
+    (packed, then repacked: no parameters left) or dequantized (dense parameters)."""
+    import logging
+
+    platform = _native_platform()
+    monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
+    monkeypatch.setenv("GLOWLM_GGUF_NATIVE_HEAD", "1")
+    path = mixed_file("qwen2")
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Keep()
+    logging.getLogger("glowlm").addHandler(handler)
+    try:
+        counts = []
+        for native in ("0", "1"):
+            monkeypatch.setenv("GLOWLM_GGUF_NATIVE", native)
+            lines.clear()
+            llm = LLM(str(path), dtype="float32", platform=platform, **SMALL)
+            if native == "0":
+                dense = sum(p.numel() for p in llm.engine.runner.model.parameters())
+            del llm
+            counts.append(next(ln for ln in lines if ln.startswith("loaded ")))
+    finally:
+        logging.getLogger("glowlm").removeHandler(handler)
+    assert counts[0] == counts[1], counts
+    assert f"{dense / 1e6:.1f}M parameters" in counts[0], (dense, counts)

@@ -33,6 +33,7 @@ class VocabParallelEmbedding(nn.Module):
         self.per_rank = divide(self.padded_vocab, tp, prefix)
         self.vocab_start = parts.parallel.tp_rank * self.per_rank
         self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
         self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size, dtype=parts.dtype),
                                    requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]

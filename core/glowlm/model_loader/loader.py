@@ -161,11 +161,35 @@ def load_model(info: ModelDir, parts: ModelParts, allow_pickle: bool = False,
         shown = ", ".join(m.replace("#", " shard ") for m in missing[:3])
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise ModelLoadError(f"{info.display}: the checkpoint lacks tensor(s) {shown}{more}")
+    count = parameter_count(model)
     for module in model.modules():
         method = getattr(module, "method", None)
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(module)
-    logger.info("loaded %s (%s, %.0fM parameters) from %s", cls.__name__,
-                str(parts.dtype).removeprefix("torch."),
-                sum(p.numel() for p in model.parameters()) / 1e6, info.display)
+    logger.info("loaded %s (%s, %.1fM parameters) from %s", cls.__name__,
+                str(parts.dtype).removeprefix("torch."), count / 1e6, info.display)
     return LoadedModel(model, parts, info)
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """The model's parameters as the architecture counts them, before quantized layers
+    repack theirs: a linear layer is input x output weights (+ its bias) and an embedding
+    or LM head rows x hidden, whatever the shapes of their packed tensors (a 4-bit
+    layer's hold an eighth of the numbers plus scales, and after repacking none are
+    parameters at all: a GGUF model counted "0M"). A tied head is counted once."""
+    from glowlm.layers.embedding import VocabParallelEmbedding
+    from glowlm.layers.linear import LinearBase
+
+    logical: dict[int, int] = {}
+    owned: set[int] = set()
+    for module in model.modules():
+        mine = dict(module.named_parameters(recurse=False))
+        if isinstance(module, LinearBase):
+            logical[id(module)] = module.input_size * sum(module.output_sizes)
+            owned.update(id(p) for name, p in mine.items() if name != "bias")
+        elif isinstance(module, VocabParallelEmbedding) and mine:
+            key = id(mine["weight"]) if "weight" in mine else id(module)  # packed: qweight..
+            logical[key] = module.per_rank * module.hidden_size
+            owned.update(id(p) for p in mine.values())
+    return sum(logical.values()) + sum(p.numel() for p in model.parameters()
+                                       if id(p) not in owned)
