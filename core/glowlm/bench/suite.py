@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from glowlm import envs
+from glowlm.distributed.executor import free_port
 from glowlm.errors import ConfigError
 
 DEFAULT_CASES = Path("benchmark/serving-tests-cpu.json")
@@ -75,12 +75,6 @@ def load_cases(path: Path, model_filter: str | None, dtype_filter: str | None) -
     return cases
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def commands(case: Case, port: int, result_file: Path) -> tuple[list[str], list[str]]:
     glowlm = [sys.executable, "-m", "glowlm.entrypoints.cli.main"]
     serve = glowlm + ["serve", case.model, "--port", str(port), "--dtype", case.dtype,
@@ -114,7 +108,7 @@ def run_suite() -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     log = RESULTS / f"{stamp}.commands"
     for i, case in enumerate(cases, 1):
-        port = _free_port()
+        port = free_port()
         result_file = RESULTS / f"{case.name}.json"
         serve, client = commands(case, port, result_file)
         env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in case.env.items())

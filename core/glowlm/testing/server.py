@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from glowlm.distributed.executor import free_port
 
 #: A hermes-style chat template (as Qwen2.5 / Hermes models ship) for tool-calling tests:
 #: tools in the system turn, assistant tool calls as <tool_call> JSON, tool results as
@@ -57,12 +58,6 @@ def openai_client(server: ServerProcess) -> Any:
 def post(server: ServerProcess, path: str, body: dict[str, Any]) -> httpx.Response:
     """A JSON POST to ``path``, without a client's own checks (bad bodies get through)."""
     return httpx.post(server.url + path, json=body, timeout=60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_server(model: str | Path, log: Path, *args: str, timeout: float = 180.0,
