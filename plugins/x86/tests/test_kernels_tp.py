@@ -145,3 +145,20 @@ def test_tp2_stack_equals_tp2_modules(arch: str, dtype: str, tmp_path: Path,
     assert calls_ref == 0
     assert tokens == tokens_ref
     assert logprobs == logprobs_ref
+
+
+@pytest.mark.skipif("avx2" not in Path("/proc/cpuinfo").read_text(),
+                    reason="the bench is built for the avx2 variant")
+def test_bench_tp_gemv_program_builds_and_reports_both_layouts() -> None:
+    """``bench_linear.py --native avx2 --program tp`` (docs/parallelism.md) compiles
+    csrc/test/bench_tp.cpp and prints TP = 1, TP = 2 and their ratio; a tiny shape here,
+    so the figures mean nothing, only that the command a user runs works."""
+    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_linear.py"
+    out = subprocess.run(
+        [sys.executable, str(tool), "--native", "avx2", "--program", "tp", "--threads", "2",
+         "--", "--reps", "1", "--layers", "1", "--hidden", "256", "--inter", "512", "--kv",
+         "64", "--vocab", "1024"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "tp1 (2 threads share each matrix)" in out.stdout
+    assert "tp2 (1 thread per rank, own shards)" in out.stdout
+    assert "tp2 / tp1 speed:" in out.stdout

@@ -11,7 +11,10 @@ path, M = 1 and 4, and each one's share of the read (docs/performance.md). Argum
 after ``--`` go to the program (``--reps``, ``--shapes NxK,...``, ``--dtypes``,
 ``--min-mib``). ``--program quant`` runs ``csrc/test/bench_quant.cpp`` instead: the
 quantized kernels (4-bit g128 bf16-dot and fp32 paths, 8-bit weight-only, W8A8) on the
-same shapes against the read of their packed bytes (``--formats w4,w8,w8a8``).
+same shapes against the read of their packed bytes (``--formats w4,w8,w8a8``);
+``--program tp`` runs ``csrc/test/bench_tp.cpp``: one decode step's GEMVs at TP = 1 (two
+threads share each matrix) against TP = 2 (each thread its own half-size shards, a barrier
+where the engine all-reduces), their ratio (docs/parallelism.md).
 The CPU model, its vector flags and the load average are printed with the figures, since
 they vary between hosts and minutes.
 """
@@ -108,8 +111,9 @@ def main() -> None:
     ap.add_argument("--native", default="", metavar="ISA",
                     help="build and run the C++ read-bandwidth and GEMV bench for this x86 "
                          "ISA (avx2, avx512, avx512-bf16) instead; arguments after -- go to it")
-    ap.add_argument("--program", default="gemv", choices=("gemv", "quant"),
-                    help="with --native: the dense GEMV bench or the quantized kernels'")
+    ap.add_argument("--program", default="gemv", choices=("gemv", "quant", "tp"),
+                    help="with --native: the dense GEMV bench, the quantized kernels', or "
+                         "a decode step's GEMVs at TP = 1 against TP = 2")
     ap.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.native:
