@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from glowlm import envs
-from glowlm.distributed.executor import free_port
+from glowlm.distributed.hosts import free_port
 from glowlm.errors import ConfigError
 
 DEFAULT_CASES = Path("benchmark/serving-tests-cpu.json")

@@ -43,13 +43,11 @@ import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import pickle
-import random
 import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from glowlm.distributed import hosts
@@ -69,34 +67,6 @@ SETUP_TIMEOUT = 1800.0
 def span(ranks: range) -> str:
     """'rank 2' or 'ranks 2-3'."""
     return f"rank {ranks.start}" if len(ranks) == 1 else f"ranks {ranks.start}-{ranks.stop - 1}"
-
-
-def free_port() -> int:
-    """A free TCP port below the kernel's ephemeral range, where one exists.
-
-    Why not the port ``bind(0)`` gives: it is an ephemeral port, and a process that keeps
-    connecting to it before its listener is up (the ranks dialling the master port, a
-    ``--headless`` node) can be handed that very port as its own source port, which Linux
-    turns into a connection to itself; the listener then fails with EADDRINUSE (seen once
-    in CI).
-    """
-    low = 32768
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    rng = random.Random()
-    for _ in range(64 if low > 11000 else 0):
-        port = rng.randrange(10000, low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def exit_description(code: int | None) -> str:
@@ -239,7 +209,7 @@ class Executor:
             self.port = control + 1
         else:
             self.addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            self.port = int(os.environ.get("MASTER_PORT") or free_port())
+            self.port = int(os.environ.get("MASTER_PORT") or hosts.free_port())
         try:
             self.comms = RankComms(self.layout, 0)
             if self.nnodes > 1:  # listen before the ranks start: a busy port fails at once

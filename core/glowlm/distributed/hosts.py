@@ -18,14 +18,45 @@ import contextlib
 import multiprocessing.connection as mpc
 import os
 import pickle
+import random
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from glowlm.errors import GlowlmError
 from glowlm.logger import init_logger
 
 logger = init_logger(__name__)
+
+
+def free_port() -> int:
+    """A free TCP port below the kernel's ephemeral range, where one exists.
+
+    Why not the port ``bind(0)`` gives: it is an ephemeral port, and a process that keeps
+    connecting to it before its listener is up (the ranks dialling the master port, a
+    ``--headless`` node) can be handed that very port as its own source port, which Linux
+    turns into a connection to itself; the listener then fails with EADDRINUSE (seen once
+    in CI).
+    """
+    low = 32768
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random()
+    for _ in range(64 if low > 11000 else 0):
+        port = rng.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 
 #: Seconds the driver waits for the other hosts' commands to connect.
 NODE_JOIN_TIMEOUT = 900.0

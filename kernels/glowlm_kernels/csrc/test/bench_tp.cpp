@@ -38,27 +38,38 @@ struct Shape {
   int64_t layers = 16, hidden = 2048, inter = 8192, kv = 512, vocab = 32000;
 };
 
-// One step's matrices (per layer q|k|v, o, gate|up, down; then the head) of 1/parts of
-// the model, as a rank holds them, laid out from p on (4 KiB-rounded, as the engine).
-std::vector<Mat> step_matrices(const Shape& s, int parts, char*& p) {
+// A matrix's bytes as laid out (4 KiB-rounded, as the engine places tensors).
+int64_t padded(int64_t N, int64_t K) { return (N * K * 2 + 4095) / 4096 * 4096; }
+
+// One step's matrix shapes (per layer q|k|v, o, gate|up, down; then the head) of
+// 1/parts of the model, as a rank holds them.
+std::vector<std::pair<int64_t, int64_t>> step_shapes(const Shape& s, int parts) {
   const int64_t h = s.hidden;
-  const int64_t per_layer[4][2] = {{(h + 2 * s.kv) / parts, h}, {h, h / parts},
-                                   {2 * s.inter / parts, h}, {h, s.inter / parts}};
-  std::vector<Mat> mats;
-  auto add = [&](int64_t N, int64_t K) {
-    mats.push_back({N, K, reinterpret_cast<const bf16*>(p)});
-    p += (N * K * 2 + 4095) / 4096 * 4096;
-  };
-  for (int64_t l = 0; l < s.layers; ++l)
-    for (const auto& m : per_layer) add(m[0], m[1]);
-  add(s.vocab / parts, h);
-  return mats;
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    shapes.emplace_back((h + 2 * s.kv) / parts, h);
+    shapes.emplace_back(h, h / parts);
+    shapes.emplace_back(2 * s.inter / parts, h);
+    shapes.emplace_back(h, s.inter / parts);
+  }
+  shapes.emplace_back(s.vocab / parts, h);
+  return shapes;
 }
 
-int64_t bytes_of(const std::vector<Mat>& mats) {
+int64_t bytes_of(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
   int64_t b = 0;
-  for (const Mat& m : mats) b += (m.N * m.K * 2 + 4095) / 4096 * 4096;
+  for (const auto& [N, K] : shapes) b += padded(N, K);
   return b;
+}
+
+// The matrices of `shapes` laid out from p on; p ends past the last.
+std::vector<Mat> place(const std::vector<std::pair<int64_t, int64_t>>& shapes, char*& p) {
+  std::vector<Mat> mats;
+  for (const auto& [N, K] : shapes) {
+    mats.push_back({N, K, reinterpret_cast<const bf16*>(p)});
+    p += padded(N, K);
+  }
+  return mats;
 }
 
 }  // namespace
@@ -90,15 +101,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_tp needs 2 threads (OMP_NUM_THREADS=2)\n");
     return 2;
   }
-  // Size the mapping from a dry layout, then lay the three weight sets out for real.
-  char* probe = nullptr;
-  const int64_t b1 = bytes_of(step_matrices(s, 1, probe));
-  const int64_t b2 = bytes_of(step_matrices(s, 2, probe));
+  const auto shapes1 = step_shapes(s, 1), shapes2 = step_shapes(s, 2);
+  const int64_t b1 = bytes_of(shapes1), b2 = bytes_of(shapes2);
   HugeBuffer buf(static_cast<size_t>(b1 + 2 * b2));
   for (int64_t i = 0; i < b1 + 2 * b2; i += 4096) buf.data[i] = 0;  // fault every page in
   char* p = buf.data;
-  const std::vector<Mat> whole = step_matrices(s, 1, p);
-  const std::vector<Mat> shard[2] = {step_matrices(s, 2, p), step_matrices(s, 2, p)};
+  const std::vector<Mat> whole = place(shapes1, p);
+  const std::vector<Mat> shard[2] = {place(shapes2, p), place(shapes2, p)};
   const int64_t widest = std::max(2 * s.inter, s.vocab);
   std::vector<float> x(static_cast<size_t>(std::max(s.hidden, s.inter)), 0.01f);
   std::vector<float> y(static_cast<size_t>(widest)), y2[2] = {y, y};
