@@ -47,6 +47,14 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
                                              "auto (where the kernels are faster so: CPUs "
                                              "without a bf16 dot product), 1, 0 (the "
                                              "model dtype's activations)"),
+    "GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS": ("auto", "weight-only layers of AWQ/GPTQ/"
+                                                    "compressed-tensors checkpoints "
+                                                    "(W4A16, W8A16) quantize their "
+                                                    "activations to int8 per 32 columns, "
+                                                    "as GGUF's do: auto (where the "
+                                                    "kernels are faster so: CPUs without "
+                                                    "a bf16 dot product), 1, 0 (the "
+                                                    "checkpoint's own A16 arithmetic)"),
     "GLOWLM_DISABLE_KERNELS": ("0", "1: use core's reference kernels, not a plugin's "
                                     "compiled ones"),
     "GLOWLM_NO_FUSED_LAYERS": ("0", "1: run every decoder layer module by module, never as "
@@ -86,6 +94,7 @@ class Env:
     gguf_native: bool
     gguf_native_head: str  # "auto", "1" or "0"
     gguf_int8_activations: str  # "auto", "1" or "0"
+    weight_only_int8_activations: str  # "auto", "1" or "0"
     disable_kernels: bool
     no_fused_layers: bool
     linear_impl: str | None  # None: measure; "default": off; else a candidate name
@@ -157,6 +166,8 @@ def parse(environ: Mapping[str, str]) -> Env:
         gguf_native_head=_head(raw("GLOWLM_GGUF_NATIVE_HEAD")),
         gguf_int8_activations=_head(raw("GLOWLM_GGUF_INT8_ACTIVATIONS"),
                                     "GLOWLM_GGUF_INT8_ACTIVATIONS"),
+        weight_only_int8_activations=_head(raw("GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS"),
+                                           "GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS"),
         disable_kernels=_bool("GLOWLM_DISABLE_KERNELS", raw("GLOWLM_DISABLE_KERNELS")),
         no_fused_layers=_bool("GLOWLM_NO_FUSED_LAYERS", raw("GLOWLM_NO_FUSED_LAYERS")),
         linear_impl=raw("GLOWLM_LINEAR_IMPL").strip().lower() or None,

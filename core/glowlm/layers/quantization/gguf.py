@@ -148,6 +148,7 @@ class GGUFLinearMethod(QuantLinearMethod):
     weight), ``gguf_scales`` and ``gguf_zeros`` (float32, one per ``group`` weights)."""
 
     param_names = ("gguf_q", "gguf_scales", "gguf_zeros")
+    weight_only_int8_env = False  # GLOWLM_GGUF_INT8_ACTIVATIONS decides (act_block)
 
     def __init__(self, bits: int, group: int, kernels: QuantKernels, act_block: int = 0
                  ) -> None:

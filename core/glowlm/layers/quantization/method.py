@@ -16,7 +16,15 @@ from torch import nn
 
 from glowlm.errors import ModelLoadError
 from glowlm.layers.linear import LinearMethod
-from glowlm.layers.quantization.kernels import Int8Weights, QuantKernels, WeightOnlyInt
+from glowlm.layers.quantization.kernels import (
+    ACT_BLOCK,
+    Int8Weights,
+    QuantKernels,
+    WeightOnlyInt,
+)
+from glowlm.logger import init_logger
+
+logger = init_logger("glowlm.quantization")
 
 #: AutoAWQ's GEMM layout: nibble i of an int32 holds logical column ORDER[i] of its 8.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -79,11 +87,48 @@ def group_perm(g_idx: torch.Tensor, group_size: int, prefix: str) -> torch.Tenso
     return perm
 
 
+def int8_act_block(kernels: QuantKernels, w: WeightOnlyInt, mode: str) -> int:
+    """The int8 activation block a weight-only layer ``w`` runs with on ``kernels``:
+    ``ACT_BLOCK`` when ``mode`` (``auto``: where that is the kernels' fast path,
+    ``QuantKernels.int8_activations``; ``1``; ``0``) asks and the layer allows it (no act
+    order, whole blocks of 32 columns, groups of 16 or of a multiple of 32), else 0.
+
+    Why a W4A16 checkpoint may run int8 activations: on CPUs without a bf16 dot product
+    (x86 avx2 / avx512 without AVX512_BF16) the A16 path converts every weight to fp32
+    and reaches ~60 % of the memory read at decode, while ``vpmaddubsw`` on int8
+    activations reaches it (docs/quantization.md has the figures and the accuracy cost:
+    one int8 rounding of each activation, ~0.6 % relative per layer output, below the
+    4-bit weights' own error)."""
+    on = kernels.int8_activations if mode == "auto" else mode == "1"
+    k = w.q.shape[1]
+    fits = (w.perm is None and k % ACT_BLOCK == 0
+            and (w.group_size == 16 or w.group_size % ACT_BLOCK == 0))
+    return ACT_BLOCK if on and fits else 0
+
+
+_announced: set[tuple[str, str]] = set()
+
+
+def _announce_int8(kernels: QuantKernels, mode: str) -> None:
+    """One line per kernel set and mode: the arithmetic changed, so say so at load."""
+    if (kernels.name, mode) in _announced:
+        return
+    _announced.add((kernels.name, mode))
+    why = (f"the {kernels.name} kernels' fast path on this CPU" if mode == "auto"
+           else "GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS=1")
+    logger.info("weight-only quantized layers: activations quantized to int8 per %d columns "
+                "(%s; GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS=0 keeps the checkpoint's 16-bit "
+                "activations)", ACT_BLOCK, why)
+
+
 class QuantLinearMethod(LinearMethod):
     """Base: the checkpoint's parameters in, a kernel-prepared weight out."""
 
     #: Names of the checkpoint-shaped parameters dropped after repacking.
     param_names: tuple[str, ...] = ()
+    #: Whether ``GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS`` decides this method's activation
+    #: blocks (AWQ, GPTQ, compressed-tensors); GGUF sets its own (its env, ggml's rule).
+    weight_only_int8_env = True
 
     def __init__(self, kernels: QuantKernels) -> None:
         self.kernels = kernels
@@ -93,6 +138,13 @@ class QuantLinearMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         canon = self.canonical(layer)
+        if isinstance(canon, WeightOnlyInt) and self.weight_only_int8_env and not canon.act_block:
+            from glowlm import envs
+
+            mode = envs.get().weight_only_int8_activations
+            canon.act_block = int8_act_block(self.kernels, canon, mode)
+            if canon.act_block:
+                _announce_int8(self.kernels, mode)
         for name in self.param_names:
             if hasattr(layer, name):
                 delattr(layer, name)

@@ -17,6 +17,9 @@
 //   w8 ...        wna16_linear, 8 bits, symmetric, group 128, float16 scales, bf16 x;
 //   w8a8 ...      w8a8_linear, dynamic per-token activation scale, bf16 x (vpdpbusd
 //                 with AVX512_VNNI),
+//   w4 a8         the same weights through wna8_linear: int8 activations per 32
+//                 columns (the candidate a W4A16 layer is offered where vpmaddubsw is
+//                 the fast path: avx2, avx512 without BF16);
 //   gguf4/gguf8   (not by default) 4 / 8 bits in groups of 32, the bf16-x (or fp32-x)
 //                 tile against wna8_linear ("a8": int8 activations per 32 columns),
 // at M = 1 and 4 token rows, each a whole op call (x conversion / quantization, group
@@ -96,7 +99,7 @@ void bench_weight_only(int bits, int64_t N, int64_t K, int reps, int64_t min_byt
 #endif
     if (bits == 4) configs.push_back({"f32" + m, [&, M](const char* p) { call(p, xs.f32[M]); }, {}});
     else configs.push_back({"bf16 x" + m, [&, M](const char* p) { call(p, xs.bf[M]); }, {}});
-    if (gguf) configs.push_back({"a8" + m, [&, M](const char* p) { call8(p, xs.bf[M]); }, {}});
+    if (gguf || bits == 4) configs.push_back({"a8" + m, [&, M](const char* p) { call8(p, xs.bf[M]); }, {}});
   }
   run_round_robin(gguf ? (bits == 4 ? "w4g32" : "w8g32") : (bits == 4 ? "w4g128" : "w8g128"),
                   N, K, mats, std::move(configs), reps);
