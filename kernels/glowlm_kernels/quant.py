@@ -182,9 +182,12 @@ def quant_ops_registered(namespace: str) -> bool:
 class CompiledQuantKernels(QuantKernels):
     """``torch.ops.<namespace>.wna16_linear`` / ``w8a8_linear`` on this module's layouts."""
 
-    def __init__(self, namespace: str, name: str, int8_activations: bool = False) -> None:
+    def __init__(self, namespace: str, name: str, int8_activations: bool = False,
+                 w8a8_as_blocks: bool = False) -> None:
         self.namespace = namespace
         self.name = name
+        #: Whether dynamic W8A8 runs as ``wna8_linear`` blocks here (QuantKernels).
+        self.w8a8_as_blocks = w8a8_as_blocks
         #: Whether ``wna8_linear`` is the fast weight-only path of this module's CPU
         #: (the plugin knows its ISA; see QuantKernels.int8_activations).
         self.int8_activations = int8_activations

@@ -50,13 +50,17 @@ class X86QuantKernels(CompiledQuantKernels):
     avx512), so GGUF layers multiply int8 activations with vpmaddubsw by default (4-bit
     decode ~2-3x the fp32 path's instructions per weight byte fewer)."""
 
-    def __init__(self, int8_activations: bool = False) -> None:
-        super().__init__("glowlm_x86", "x86", int8_activations)
+    def __init__(self, int8_activations: bool = False, w8a8_as_blocks: bool = False) -> None:
+        super().__init__("glowlm_x86", "x86", int8_activations, w8a8_as_blocks)
 
 
 #: ISAs whose weight-only fast path is int8 activations: vpmaddubsw, and no vdpbf16ps
 #: (the portable module runs wna8_linear's plain loops: correct, not faster).
 INT8_ACTIVATION_ISAS = frozenset({"avx2", "avx512"})
+#: ISAs whose w8a8_linear is plain loops (no vpdpbusd) while wna8_linear has its
+#: vpmaddubsw tile: dynamic W8A8 runs there as 8-bit blocks (94-97 % of the read at
+#: M = 1 against 80-86 %, M = 4 60-64 % against 45 %; docs/quantization.md).
+W8A8_AS_BLOCKS_ISAS = frozenset({"avx2"})
 X86_QUANT_KERNELS = X86QuantKernels()
 _BY_ISA: dict[str, X86QuantKernels] = {}
 
@@ -64,7 +68,7 @@ _BY_ISA: dict[str, X86QuantKernels] = {}
 def kernels_for_isa(isa: str) -> X86QuantKernels:
     """The kernel set of the module built for ``isa`` (one object per ISA)."""
     if isa not in _BY_ISA:
-        _BY_ISA[isa] = X86QuantKernels(isa in INT8_ACTIVATION_ISAS)
+        _BY_ISA[isa] = X86QuantKernels(isa in INT8_ACTIVATION_ISAS, isa in W8A8_AS_BLOCKS_ISAS)
     return _BY_ISA[isa]
 SOURCE = "quant_linear.cpp"
 _lock = threading.Lock()

@@ -110,6 +110,20 @@ def quantize_act_blocks(x: torch.Tensor, block: int = ACT_BLOCK) -> torch.Tensor
     return (q * scale).reshape(m, k)
 
 
+def int8_weights_as_blocks(w: Int8Weights) -> WeightOnlyInt:
+    """Dynamic W8A8 as 8-bit weight-only weights with int8 activations per ``ACT_BLOCK``
+    columns: ``q + 128`` with zero point 128 and the row scale as one group of K, so
+    ``scale·(q' − 128)`` is the same weight exactly. The activations then get one scale
+    per 32 columns instead of one per token (finer, so no less accurate); kernel sets
+    whose per-token int8 path is slow (:attr:`QuantKernels.w8a8_as_blocks`) run it so."""
+    if w.input_scale is not None:
+        raise ValueError("only dynamic W8A8 runs as weight-only blocks")
+    n, k = w.q.shape
+    q = (w.q.to(torch.int16) + 128).to(torch.uint8)
+    return WeightOnlyInt(q, w.weight_scale.float().reshape(n, 1).contiguous(),
+                         torch.full((n, 1), 128.0), 8, k, act_block=ACT_BLOCK)
+
+
 def unpermute_columns(y: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
     """Columns of an act-order weight (sorted by group, ``perm``) back in input order."""
     if perm is None:
@@ -133,6 +147,9 @@ class QuantKernels:
     #: fast path for weight-only layers on this CPU: formats whose own arithmetic allows
     #: them (GGUF) use them by default only then. The reference is faster without.
     int8_activations = False
+    #: Whether dynamic W8A8 layers run faster as 8-bit weight-only blocks with int8
+    #: activations per 32 columns (:func:`int8_weights_as_blocks`) than on :meth:`w8a8`.
+    w8a8_as_blocks = False
 
     def prepare_weight_only(self, w: WeightOnlyInt) -> Any:
         return w

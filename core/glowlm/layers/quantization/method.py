@@ -21,6 +21,7 @@ from glowlm.layers.quantization.kernels import (
     Int8Weights,
     QuantKernels,
     WeightOnlyInt,
+    int8_weights_as_blocks,
 )
 from glowlm.logger import init_logger
 
@@ -121,6 +122,16 @@ def _announce_int8(kernels: QuantKernels, mode: str) -> None:
                 "activations)", ACT_BLOCK, why)
 
 
+def _announce_w8a8_blocks(kernels: QuantKernels) -> None:
+    if (kernels.name, "w8a8") in _announced:
+        return
+    _announced.add((kernels.name, "w8a8"))
+    logger.info("dynamic W8A8 layers: activations quantized to int8 per %d columns, not per "
+                "token (the %s kernels' fast path on this CPU; "
+                "GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS=0 keeps per-token scales)",
+                ACT_BLOCK, kernels.name)
+
+
 class QuantLinearMethod(LinearMethod):
     """Base: the checkpoint's parameters in, a kernel-prepared weight out."""
 
@@ -137,25 +148,32 @@ class QuantLinearMethod(LinearMethod):
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        canon = self.canonical(layer)
-        if isinstance(canon, WeightOnlyInt) and self.weight_only_int8_env and not canon.act_block:
-            from glowlm import envs
+        from glowlm import envs
 
-            mode = envs.get().weight_only_int8_activations
+        canon = self.canonical(layer)
+        mode = envs.get().weight_only_int8_activations
+        if (isinstance(canon, Int8Weights) and canon.input_scale is None and mode != "0"
+                and self.kernels.w8a8_as_blocks and canon.q.shape[1] % ACT_BLOCK == 0):
+            canon = int8_weights_as_blocks(canon)
+            _announce_w8a8_blocks(self.kernels)
+        elif (isinstance(canon, WeightOnlyInt) and self.weight_only_int8_env
+              and not canon.act_block):
             canon.act_block = int8_act_block(self.kernels, canon, mode)
             if canon.act_block:
                 _announce_int8(self.kernels, mode)
         for name in self.param_names:
             if hasattr(layer, name):
                 delattr(layer, name)
-        if isinstance(canon, Int8Weights):
+        #: which kernel call the prepared weight is for (W8A8 may run as blocks)
+        layer.quant_w8a8 = isinstance(canon, Int8Weights)
+        if layer.quant_w8a8:
             layer.quant_weight = self.kernels.prepare_w8a8(canon)
         else:
             layer.quant_weight = self.kernels.prepare_weight_only(canon)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
               ) -> torch.Tensor:
-        if isinstance(self, W8A8Mixin):
+        if getattr(layer, "quant_w8a8", isinstance(self, W8A8Mixin)):
             return self.kernels.w8a8(x, layer.quant_weight, bias)
         return self.kernels.weight_only(x, layer.quant_weight, bias)
 
