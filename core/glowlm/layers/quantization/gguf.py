@@ -137,10 +137,10 @@ def act_block(kernels: QuantKernels, group: int) -> int:
     itself multiplies every one of these block types by int8 activations (Q8_0/Q8_1/
     Q8_K), so either is the file's arithmetic: int8 is ggml's, 0 the more precise one."""
     from glowlm import envs
+    from glowlm.layers.quantization.method import groups_fit_blocks, int8_wanted
 
-    mode = envs.get().gguf_int8_activations
-    on = kernels.int8_activations if mode == "auto" else mode == "1"
-    return ACT_BLOCK if on and (group == 16 or group % ACT_BLOCK == 0) else 0
+    wanted = int8_wanted(kernels, envs.get().gguf_int8_activations)
+    return ACT_BLOCK if wanted and groups_fit_blocks(group) else 0
 
 
 class GGUFLinearMethod(QuantLinearMethod):

@@ -100,36 +100,30 @@ def int8_act_block(kernels: QuantKernels, w: WeightOnlyInt, mode: str) -> int:
     activations reaches it (docs/quantization.md has the figures and the accuracy cost:
     one int8 rounding of each activation, ~0.6 % relative per layer output, below the
     4-bit weights' own error)."""
-    on = kernels.int8_activations if mode == "auto" else mode == "1"
-    k = w.q.shape[1]
-    fits = (w.perm is None and k % ACT_BLOCK == 0
-            and (w.group_size == 16 or w.group_size % ACT_BLOCK == 0))
-    return ACT_BLOCK if on and fits else 0
+    fits = w.perm is None and w.q.shape[1] % ACT_BLOCK == 0 and groups_fit_blocks(w.group_size)
+    return ACT_BLOCK if int8_wanted(kernels, mode) and fits else 0
+
+
+def int8_wanted(kernels: QuantKernels, mode: str) -> bool:
+    """An ``auto`` / ``1`` / ``0`` int8-activation switch on ``kernels`` (auto: where
+    int8 is their fast path); GGUF's and the weight-only formats' envs share it."""
+    return kernels.int8_activations if mode == "auto" else mode == "1"
+
+
+def groups_fit_blocks(group: int) -> bool:
+    """Whether weight groups of ``group`` columns line up with 32-column activation blocks."""
+    return group == 16 or group % ACT_BLOCK == 0
 
 
 _announced: set[tuple[str, str]] = set()
 
 
-def _announce_int8(kernels: QuantKernels, mode: str) -> None:
-    """One line per kernel set and mode: the arithmetic changed, so say so at load."""
-    if (kernels.name, mode) in _announced:
+def _announce(kernels: QuantKernels, key: str, message: str, *args: object) -> None:
+    """One line per kernel set and kind: the arithmetic changed, so say so at load."""
+    if (kernels.name, key) in _announced:
         return
-    _announced.add((kernels.name, mode))
-    why = (f"the {kernels.name} kernels' fast path on this CPU" if mode == "auto"
-           else "GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS=1")
-    logger.info("weight-only quantized layers: activations quantized to int8 per %d columns "
-                "(%s; GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS=0 keeps the checkpoint's 16-bit "
-                "activations)", ACT_BLOCK, why)
-
-
-def _announce_w8a8_blocks(kernels: QuantKernels) -> None:
-    if (kernels.name, "w8a8") in _announced:
-        return
-    _announced.add((kernels.name, "w8a8"))
-    logger.info("dynamic W8A8 layers: activations quantized to int8 per %d columns, not per "
-                "token (the %s kernels' fast path on this CPU; "
-                "GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS=0 keeps per-token scales)",
-                ACT_BLOCK, kernels.name)
+    _announced.add((kernels.name, key))
+    logger.info(message, *args)
 
 
 class QuantLinearMethod(LinearMethod):
@@ -155,12 +149,21 @@ class QuantLinearMethod(LinearMethod):
         if (isinstance(canon, Int8Weights) and canon.input_scale is None and mode != "0"
                 and self.kernels.w8a8_as_blocks and canon.q.shape[1] % ACT_BLOCK == 0):
             canon = int8_weights_as_blocks(canon)
-            _announce_w8a8_blocks(self.kernels)
+            _announce(self.kernels, "w8a8",
+                      "dynamic W8A8 layers: activations quantized to int8 per %d columns, not "
+                      "per token (the %s kernels' fast path on this CPU; "
+                      "GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS=0 keeps per-token scales)",
+                      ACT_BLOCK, self.kernels.name)
         elif (isinstance(canon, WeightOnlyInt) and self.weight_only_int8_env
               and not canon.act_block):
             canon.act_block = int8_act_block(self.kernels, canon, mode)
             if canon.act_block:
-                _announce_int8(self.kernels, mode)
+                why = (f"the {self.kernels.name} kernels' fast path on this CPU"
+                       if mode == "auto" else "GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS=1")
+                _announce(self.kernels, mode,
+                          "weight-only quantized layers: activations quantized to int8 per "
+                          "%d columns (%s; GLOWLM_WEIGHT_ONLY_INT8_ACTIVATIONS=0 keeps the "
+                          "checkpoint's 16-bit activations)", ACT_BLOCK, why)
         for name in self.param_names:
             if hasattr(layer, name):
                 delattr(layer, name)

@@ -18,8 +18,8 @@
 //   w8a8 ...      w8a8_linear, dynamic per-token activation scale, bf16 x (vpdpbusd
 //                 with AVX512_VNNI),
 //   w4 a8         the same weights through wna8_linear: int8 activations per 32
-//                 columns (the candidate a W4A16 layer is offered where vpmaddubsw is
-//                 the fast path: avx2, avx512 without BF16);
+//                 columns (what W4A16 layers run by default where vpmaddubsw is
+//                 the fast path: the avx2 and avx512 modules);
 //   gguf4/gguf8   (not by default) 4 / 8 bits in groups of 32, the bf16-x (or fp32-x)
 //                 tile against wna8_linear ("a8": int8 activations per 32 columns),
 // at M = 1 and 4 token rows, each a whole op call (x conversion / quantization, group
