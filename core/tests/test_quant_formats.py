@@ -27,6 +27,7 @@ from glowlm.layers.quantization.kernels import (
     REFERENCE_KERNELS,
     Int8Weights,
     WeightOnlyInt,
+    int8_weights_as_blocks,
     quantize_activations,
 )
 from glowlm.layers.quantization.method import AWQ_ORDER, group_perm, unpack_int32
@@ -130,6 +131,20 @@ def test_dynamic_activation_quantization_is_per_token_symmetric() -> None:
     w = Int8Weights(torch.tensor([[1, 2, 3]], dtype=torch.int8), torch.tensor([0.5]))
     y = REFERENCE_KERNELS.w8a8(x, w, None)
     assert y[0, 0] == pytest.approx((64 - 254 + 96) / 127 * 0.5)
+
+
+def test_dynamic_w8a8_as_blocks_is_the_same_weight() -> None:
+    ref = REFERENCE_KERNELS
+    g = torch.Generator().manual_seed(3)
+    w = Int8Weights(torch.randint(-127, 128, (48, 64), generator=g, dtype=torch.int8),
+                    torch.rand(48, generator=g) * 1e-2)
+    blocks = int8_weights_as_blocks(w)
+    assert torch.equal(blocks.dequantize(), w.q.float() * w.weight_scale[:, None])
+    x = torch.randn(3, 64, generator=g)
+    # Per-32-column activation scales against per-token ones: both near the exact product.
+    exact = x @ (w.q.float() * w.weight_scale[:, None]).T
+    for y in (ref.weight_only(x, blocks, None), ref.w8a8(x, w, None)):
+        assert float((y - exact).norm() / exact.norm()) < 2e-2
 
 
 def _config(name: str) -> dict:
