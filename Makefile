@@ -193,7 +193,7 @@ QUANT_STAMP   := $(QUANT_VENV)/.llmcompressor-installed
 # ~3 min per decoder layer here, ~50 min for the 16).
 QUANT_SCHEMES ?= w4a16-g128 w4a16-g128-asym w8a8-dynamic
 
-.PHONY: quant-venv bench-models-quant bench-peers-quant
+.PHONY: quant-venv bench-models-quant bench-peers-quant quant-accuracy
 quant-venv: $(QUANT_STAMP)
 
 $(QUANT_STAMP):
@@ -221,6 +221,16 @@ BENCH_QUANT_ARGS ?=
 bench-peers-quant: bench-models-quant vllm-peer
 	$(PEERS_VENV)/bin/python tools/bench_quant_peers.py $(BENCH_MODELS) --vllm \
 	  --out benchmark/results/quant-peers/quant_peers $(BENCH_QUANT_ARGS)
+
+# Accuracy on a trained model (tools/quant_accuracy.py, docs/quantization.md): the default
+# model dequantized, quantized by llm-compressor (W4A16 g64 GPTQ, W8A8 dynamic), transformers
+# as the reference, glowlm with 16-bit and with int8 activations; ~10 min on 2 cores.
+QUANT_ACCURACY ?= $(BENCH_MODELS)/quant-accuracy
+quant-accuracy: install quant-venv
+	$(PY) tools/quant_accuracy.py dense $(QUANT_ACCURACY)
+	test -f $(QUANT_ACCURACY)/reference.json || \
+	  $(QUANT_VENV)/bin/python tools/quant_accuracy.py quantize $(QUANT_ACCURACY)
+	$(PY) tools/quant_accuracy.py compare $(QUANT_ACCURACY)
 
 clean:
 	rm -rf $(VENV) build core/build plugins/*/build
