@@ -16,8 +16,8 @@ worth of tools::
 (``make quant-accuracy`` runs all three into ``.bench_models/quant-accuracy``.) The
 figures are in docs/quantization.md. Metrics per checkpoint and mode, over the passages'
 prompt tokens: mean and max ``|log p(glowlm) - log p(transformers)|``, the perplexity of
-each, and over the greedy continuations: how many of the prompts give the same tokens,
-and the mean length of the common prefix.
+each, and over the greedy continuations (32 tokens, or up to an EOS): how many of the prompts
+give the same tokens, and the mean length of the common prefix.
 """
 
 from __future__ import annotations
@@ -189,9 +189,12 @@ def _glowlm(path: Path, ref: dict[str, Any], int8: str) -> dict[str, Any]:
         o = llm.generate([{"prompt_token_ids": ids}], SamplingParams(
             max_tokens=1, temperature=0, prompt_logprobs=0), use_tqdm=False)[0]
         lps.append([next(iter(p.values())).logprob for p in o.prompt_logprobs[1:]])
+    # The reference's ``min_new_tokens`` masks EOS; here a reply stops at EOS, and only
+    # the tokens before it are compared (:func:`_metrics`).
     outs = llm.generate([{"prompt_token_ids": ids} for ids in ref["prompts"]], SamplingParams(
-        max_tokens=GREEDY_TOKENS, temperature=0, ignore_eos=True), use_tqdm=False)
-    greedy = [list(o.outputs[0].token_ids) for o in outs]
+        max_tokens=GREEDY_TOKENS, temperature=0), use_tqdm=False)
+    greedy = [list(o.outputs[0].token_ids)[:-1] if o.outputs[0].finish_reason == "stop"
+              else list(o.outputs[0].token_ids) for o in outs]
     kernels = sorted({m.method.kernels.name for m in quant})
     del llm
     return {"logprobs": lps, "greedy": greedy, "int8_layers": blocks, "layers": len(quant),
@@ -212,10 +215,12 @@ def _metrics(got: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
             n += 1
         return n
 
+    # A reply that stopped at EOS (shorter) is compared over its own length.
     prefixes = [common(g, r) for g, r in zip(got["greedy"], ref["greedy"], strict=True)]
+    equal = sum(p == len(g) for p, g in zip(prefixes, got["greedy"], strict=True))
     return {"mean_abs_dlogprob": sum(diffs) / len(diffs), "max_abs_dlogprob": max(diffs),
             "ppl": ppl, "ref_ppl": ref_ppl, "tokens": len(diffs),
-            "greedy_equal": sum(p == GREEDY_TOKENS for p in prefixes),
+            "greedy_equal": equal,
             "greedy_prompts": len(prefixes), "mean_common_prefix": sum(prefixes) / len(prefixes),
             "int8_layers": got["int8_layers"], "layers": got["layers"],
             "kernels": got["kernels"]}

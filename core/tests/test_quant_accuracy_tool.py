@@ -25,9 +25,9 @@ def test_metrics_of_a_run_against_its_reference() -> None:
     qa = _tool()
     n = qa.GREEDY_TOKENS
     ref = {"passage_logprobs": [[-1.0, -2.0], [-3.0]],
-           "greedy": [list(range(n)), list(range(n))]}
+           "greedy": [list(range(n)), list(range(n)), list(range(n))]}
     got = {"logprobs": [[-1.5, -2.0], [-2.0]],
-           "greedy": [list(range(n)), [0, 1, 9] + [0] * (n - 3)],
+           "greedy": [list(range(n)), [0, 1, 9] + [0] * (n - 3), [0, 1, 2]],
            "int8_layers": 3, "layers": 4, "kernels": ["x86"]}
     m = qa._metrics(got, ref)
     assert m["tokens"] == 3
@@ -35,7 +35,8 @@ def test_metrics_of_a_run_against_its_reference() -> None:
     assert m["max_abs_dlogprob"] == pytest.approx(1.0)
     assert m["ppl"] == pytest.approx(math.exp(5.5 / 3))
     assert m["ref_ppl"] == pytest.approx(math.exp(2.0))
-    assert (m["greedy_equal"], m["mean_common_prefix"]) == (1, (n + 2) / 2)
+    # The third stopped at EOS after three equal tokens: equal over its length.
+    assert (m["greedy_equal"], m["mean_common_prefix"]) == (2, (n + 2 + 3) / 3)
 
 
 def test_schemes_fit_the_default_models_widths() -> None:
