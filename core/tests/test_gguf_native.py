@@ -166,6 +166,16 @@ def _native_platform() -> str:
     return platform.name
 
 
+def _gguf_kernels():
+    """The GGUF kernel set of the host's own platform (as _native_platform selects it)."""
+    from glowlm import envs
+    from glowlm.layers import quantization
+    from glowlm.platforms import host, select_platform
+
+    platform = select_platform(host.live(), None, envs.get().plugins_block).platform
+    return quantization.resolve({"quant_method": "gguf", "layers": {}}, platform).kernels()
+
+
 def _run(path: Path, platform: str, **kw: object) -> tuple[LLM, list]:
     llm = LLM(str(path), dtype="float32", platform=platform, **SMALL, **kw)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=0)
@@ -313,8 +323,12 @@ def test_head_policy(mixed_file, arch, head, int8, native, monkeypatch, tmp_path
     """GLOWLM_GGUF_NATIVE_HEAD=auto runs a 4-bit head (mistral's Q4_K output) natively and
     keeps an 8-bit one (qwen2's tied Q8_0) dense, unless the layers take int8 activations
     (GLOWLM_GGUF_INT8_ACTIVATIONS; auto where the kernels are faster so), which stream
-    an 8-bit head faster than dense bf16; 0 keeps every head dense."""
+    an 8-bit head faster than dense bf16; 0 keeps every head dense. A forced int8 switch
+    makes the 8-bit head native only on kernels whose fast path is int8 (x86 avx2/avx512:
+    vpmaddubsw); where the fast path is a bf16 dot product (avx512-bf16) it stays dense."""
     platform = _native_platform()
+    if int8 == "1" and head == "auto":
+        native = _gguf_kernels().int8_activations
     monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE_HEAD", head)
     monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", int8)
