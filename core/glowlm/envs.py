@@ -26,6 +26,8 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "GLOWLM_CPU_OMP_THREADS_BIND": ("auto", "'auto', 'nobind', or CPU lists like 0-31|32-63"),
     "GLOWLM_CPU_NUM_OF_RESERVED_CPU": ("", "CPUs left free for the serving front-end"),
     "GLOWLM_NO_PRELOAD": ("0", "1: never re-exec with LD_PRELOAD (tcmalloc / Intel OpenMP)"),
+    "GLOWLM_NO_MALLOC_TUNING": ("0", "1: leave glibc malloc's defaults (by default glowlm keeps "
+                                     "freed blocks for reuse where no tcmalloc/jemalloc runs)"),
     "GLOWLM_NO_HUGE_PAGES": ("0", "1: keep weights in ordinary 4 KiB pages (no "
                                   "MADV_HUGEPAGE copy after loading)"),
     "GLOWLM_PRELOAD_APPLIED": ("", "internal: the LD_PRELOAD glowlm set when it re-executed "
@@ -87,6 +89,7 @@ class Env:
     omp_threads_bind: str
     num_reserved_cpus: int | None
     no_preload: bool
+    no_malloc_tuning: bool
     no_huge_pages: bool
     preload_applied: str
     kernel_cache: str
@@ -158,6 +161,7 @@ def parse(environ: Mapping[str, str]) -> Env:
         omp_threads_bind=bind,
         num_reserved_cpus=reserved,
         no_preload=_bool("GLOWLM_NO_PRELOAD", raw("GLOWLM_NO_PRELOAD")),
+        no_malloc_tuning=_bool("GLOWLM_NO_MALLOC_TUNING", raw("GLOWLM_NO_MALLOC_TUNING")),
         no_huge_pages=_bool("GLOWLM_NO_HUGE_PAGES", raw("GLOWLM_NO_HUGE_PAGES")),
         preload_applied=raw("GLOWLM_PRELOAD_APPLIED").strip(),
         kernel_cache=os.path.expanduser(raw("GLOWLM_KERNEL_CACHE")),

@@ -22,7 +22,8 @@ What is here, by concern:
   description (:class:`HostInfo`, :func:`from_dump`, :func:`live_host`), dtype names;
 - parts: :class:`AttentionBackend` with :class:`AttentionMetadata` and
   :class:`AttentionLayerSpec`, :class:`LinearMethod` with the measured choice's
-  :class:`LinearCandidate` (and :data:`TORCH_LINEAR`), :class:`OpsTable`, the fused
+  :class:`LinearCandidate` (and :data:`TORCH_LINEAR`, :data:`ONEDNN_LINEAR` with
+  :func:`onednn_candidates`), :class:`OpsTable`, the fused
   layer contract (:class:`DecoderLayerWeights` and the OPT/GPT-2 and Llama-family
   forms), and core's references (:class:`ReferenceAttentionBackend`,
   :class:`UnquantizedLinearMethod`, :data:`REFERENCE_OPS`, :mod:`reference_ops`);
@@ -77,7 +78,12 @@ from glowlm.layers.linear import (
     RowParallelLinear,
     UnquantizedLinearMethod,
 )
-from glowlm.layers.linear_choice import TORCH_LINEAR, LinearCandidate
+from glowlm.layers.linear_choice import (
+    ONEDNN_LINEAR,
+    TORCH_LINEAR,
+    LinearCandidate,
+    onednn_candidates,
+)
 from glowlm.layers.norm import LayerNorm, RMSNorm
 from glowlm.layers.quantization import QuantizationConfig
 from glowlm.layers.quantization.formats import for_platform as quantization_for_platform
@@ -133,7 +139,8 @@ def core_env() -> Env:
 
 
 __all__ = [
-    "API_ATTRIBUTE", "DTYPE_NAMES", "ENTRY_POINT_GROUP", "PLUGIN_API_VERSION", "REFERENCE_OPS",
+    "API_ATTRIBUTE", "DTYPE_NAMES", "ENTRY_POINT_GROUP", "ONEDNN_LINEAR", "PLUGIN_API_VERSION",
+    "REFERENCE_OPS",
     "REFERENCE_QUANT_KERNELS", "TORCH_LINEAR", "Attention", "AttentionBackend",
     "AttentionLayerSpec", "AttentionMetadata", "Capabilities", "CausalLM",
     "ColumnParallelLinear", "ConfigError", "DecoderLayerFn", "DecoderLayerWeights",
@@ -147,6 +154,7 @@ __all__ = [
     "Setting", "SiluAndMul", "UnquantizedLinearMethod", "VocabParallelEmbedding",
     "WeightOnlyInt", "core_env", "decoder_layer_op", "decoder_stack_op", "dtype_name",
     "from_dump", "from_files", "hookimpl", "init_logger", "kv_bytes_per_token", "live_host",
-    "parse_bool", "parse_choice", "parse_dtype", "parse_int", "parse_str", "prune_rows",
+    "onednn_candidates", "parse_bool", "parse_choice", "parse_dtype", "parse_int", "parse_str",
+    "prune_rows",
     "quantization_for_platform", "reference_ops", "register_model", "rope_settings",
 ]

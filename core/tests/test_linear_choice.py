@@ -113,8 +113,9 @@ def choose(model: nn.Module, env: dict[str, str], host: HostInfo = HOST) -> lc.L
 
 
 def test_token_classes_cover_every_row_count() -> None:
-    assert [token_class(r).name for r in (1, 8, 9, 32, 96, 97, 4096)] == [
-        "decode", "decode", "batch", "batch", "batch", "prefill", "prefill"]
+    assert [token_class(r).name for r in (1, 2, 3, 8, 16, 17, 32, 96, 97, 4096)] == [
+        "decode", "decode", "small", "small", "small", "batch", "batch", "batch", "prefill",
+        "prefill"]
 
 
 def test_a_slow_candidate_is_never_chosen(env: dict[str, str]) -> None:
@@ -130,15 +131,16 @@ def test_a_slow_candidate_is_never_chosen(env: dict[str, str]) -> None:
 
 def test_dispatch_follows_the_token_count_of_each_call(env: dict[str, str]) -> None:
     rec = Recorder()
-    # "small" is slow above 8 rows, "big" slow at 8 rows or fewer: decode -> small,
+    # "few" is slow above 8 rows, "big" slow at 8 rows or fewer: decode and small -> few,
     # batch and prefill -> big.
-    model = TwoLayers(Method([rec.candidate("small", slow_above=8),
+    model = TwoLayers(Method([rec.candidate("few", slow_above=8),
                               rec.candidate("big", slow_upto=8)]))
     plan = choose(model, env)
-    assert plan.winners() == {"decode": {"small": 2}, "batch": {"big": 2},
+    assert plan.winners() == {"decode": {"few": 2}, "small": {"few": 2}, "batch": {"big": 2},
                               "prefill": {"big": 2}}
     layer = model.layers[0]
-    for rows, want in ((1, "small"), (8, "small"), (9, "big"), (40, "big"), (300, "big")):
+    for rows, want in ((1, "few"), (8, "few"), (16, "few"), (17, "big"), (40, "big"),
+                       (300, "big")):
         rec.calls.clear()
         x = torch.randn(rows, layer.input_size)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
@@ -210,7 +212,7 @@ def test_a_candidate_with_wrong_output_is_skipped(env: dict[str, str],
     model = TwoLayers(Method([rec.candidate("ok", slow_upto=10**6),
                               LinearCandidate("wrong", "1", wrong)]))
     plan = choose(model, env)
-    assert plan.winners() == {c: {"ok": 2} for c in ("decode", "batch", "prefill")}
+    assert plan.winners() == {c: {"ok": 2} for c in ("decode", "small", "batch", "prefill")}
     assert "its output differs from ok's" in glowlm_logs.text
 
 
@@ -219,7 +221,7 @@ def test_pinning_uses_one_implementation_without_measuring(env: dict[str, str]) 
     model = TwoLayers(Method([rec.candidate("a"), rec.candidate("b")]))
     plan = choose(model, {**env, "GLOWLM_LINEAR_IMPL": "b"})
     assert plan.mode == "pinned" and rec.calls == []
-    assert plan.winners() == {c: {"b": 2} for c in ("decode", "batch", "prefill")}
+    assert plan.winners() == {c: {"b": 2} for c in ("decode", "small", "batch", "prefill")}
     x = torch.randn(3, 16)
     model.layers[0](x)
     assert rec.calls == [("b", 3)]
@@ -274,14 +276,14 @@ def test_fused_ops_run_only_for_the_classes_their_kernel_won(env: dict[str, str]
             self.fused = FusedLayer(fused_op, ModelParts(dtype=torch.float32), True,
                                     lambda: None)
 
-    # The fused kernel ("kernel") wins decode only; batch and prefill go to "onednn".
-    model = Block(Method([rec.candidate("kernel", slow_above=8, fused=True),
-                          rec.candidate("onednn", slow_upto=8)]))
+    # The fused kernel ("kernel") wins decode only; the rest goes to "other".
+    model = Block(Method([rec.candidate("kernel", slow_above=2, fused=True),
+                          rec.candidate("other", slow_upto=2)]))
     plan = choose(model, env)
     assert plan.fused_classes == {"layer": ["decode"]}
-    for rows in (1, 8, 32, 300):
+    for rows in (1, 2, 8, 32, 300):
         model.fused.fn(torch.zeros(rows, 4))
-    assert ran == [1, 8]                      # declined (None) at 32 and 300 rows
+    assert ran == [1, 2]                      # declined (None) at 8, 32 and 300 rows
     assert model.fused.fn(torch.zeros(32, 4)) is None
     assert "fused ops kept for layer: decode" in plan.describe()
 
@@ -303,8 +305,72 @@ def test_a_busy_machine_stops_measuring_keeps_defaults_and_caches_nothing(
     monkeypatch.setattr(lc, "MAX_SECONDS", 0.0)
     model = TwoLayers(Method([rec.candidate("slow", slow_upto=10**6), rec.candidate("fast")]))
     plan = choose(model, env)
-    assert plan.winners() == {c: {"slow": 2} for c in ("decode", "batch", "prefill")}
+    assert plan.winners() == {c: {"slow": 2} for c in ("decode", "small", "batch", "prefill")}
     assert "measuring stopped after" in glowlm_logs.text
     assert not list(Path(env["GLOWLM_LINEAR_CHOICE_CACHE"]).glob("*.json"))
     monkeypatch.setattr(lc, "MAX_SECONDS", 10.0)
     assert choose(TwoLayers(model.layers[0].method.inner), env).mode == "measured"
+
+
+def test_prepare_runs_on_every_layer_that_uses_a_candidate(env: dict[str, str]) -> None:
+    rec = Recorder()
+    prepared: list[str] = []
+    a = rec.candidate("a", slow_above=8, prepare=lambda layer: prepared.append(layer.prefix))
+    model = TwoLayers(Method([rec.candidate("b", slow_upto=8), a]))
+    plan = choose(model, env)
+    assert plan.winners()["decode"] == {"a": 2} and plan.winners()["batch"] == {"b": 2}
+    assert prepared == ["l0", "l1"]
+
+
+def test_a_candidate_whose_weight_copies_do_not_fit_is_not_offered(
+        env: dict[str, str], glowlm_logs: pytest.LogCaptureFixture) -> None:
+    rec = Recorder()
+
+    def copy(layer: nn.Module) -> int:
+        return layer.weight.numel() * layer.weight.element_size()
+
+    def model() -> TwoLayers:
+        return TwoLayers(Method([rec.candidate("b", slow_upto=10**6),
+                                 rec.candidate("a", copy_bytes=copy)]))
+
+    need = 2 * 24 * 16 * 4                     # both layers' fp32 weights
+    plan = choose_for_model(model(), torch.float32, None, None, show_progress=False,
+                            environ=env, host=HOST, copy_budget=need - 1)
+    assert "not offered" in glowlm_logs.text
+    assert plan.shapes == {}                   # "b" alone is left: nothing to measure
+    plan = choose_for_model(model(), torch.float32, None, None, show_progress=False,
+                            environ=env, host=HOST, copy_budget=need)
+    assert plan.winners()["decode"] == {"a": 2}
+
+
+@pytest.mark.skipif(not lc.onednn_candidates(), reason="this torch has no oneDNN linear")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_onednn_candidate_matches_f_linear_and_holds_one_copy(dtype: torch.dtype) -> None:
+    """oneDNN on its packed weight equals ``F.linear`` (computed in float64 from the same
+    bf16/fp32 values) at decode, small, batch and prefill row counts; a layer it
+    wins alone keeps only the packed weight, one it shares keeps a copy until released."""
+    cand = lc.ONEDNN_LINEAR
+    g = torch.Generator().manual_seed(0)
+    layer = nn.Linear(96, 80, bias=True).to(dtype)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(80, 96, generator=g).to(dtype) / 10)
+        layer.bias.copy_(torch.randn(80, generator=g).to(dtype))
+    w, b = layer.weight.detach().double(), layer.bias.detach().double()
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=0.06, rtol=0.02)
+    for rows in (1, 6, 32, 515):
+        x = torch.randn(rows, 96, generator=g).to(dtype)
+        y = cand.apply(layer, x, layer.bias)
+        assert y.dtype == dtype and y.shape == (rows, 80)
+        torch.testing.assert_close(y.double(), F.linear(x.double(), w, b), **tol)
+    assert cand.copy_bytes is not None and cand.copy_bytes(layer) == 80 * 96 * dtype.itemsize
+    assert "onednn_weight" in layer.__dict__          # the copy beside the plain weight
+    assert cand.release is not None and cand.finalize is not None
+    cand.release(layer)
+    assert "onednn_weight" not in layer.__dict__
+    cand.finalize(layer)                              # sole winner: one packed weight
+    assert layer.weight.is_mkldnn and "onednn_weight" not in layer.__dict__
+    assert cand.supports(layer) and not lc.TORCH_LINEAR.supports(layer)
+    assert cand.copy_bytes(layer) == 0
+    x = torch.randn(5, 96, generator=g).to(dtype)
+    torch.testing.assert_close(cand.apply(layer, x, layer.bias).double(),
+                               F.linear(x.double(), w, b), **tol)

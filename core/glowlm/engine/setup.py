@@ -177,6 +177,7 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
     logger.info("%s", binding.apply_for_process(num_ranks=num, rank=index,
                                                 serving=config.online,
                                                 rebind=num > 1).describe())
+    preload.tune_glibc_malloc()  # the Python API's engines too (the CLI did it first thing)
     logger.info("%s", preload.describe())
     from glowlm.runtime.memory import plan_memory  # noqa: PLC0415 - runtime is optional here
 
@@ -189,8 +190,11 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
     logger.info("%s", hugepages.describe(huge))
     from glowlm.layers.linear_choice import choose_for_model  # per-shape linear choice
 
+    # Weight copies a candidate keeps (oneDNN's packed layout) may use half of what the
+    # plan left spare, so the KV cache and activations still fit.
+    spare = max(0, plan.available_bytes - plan.needed_bytes) // 2
     logger.info("%s", choose_for_model(model, dtype, parts.unquantized, platform,
-                                       show_progress).describe())
+                                       show_progress, copy_budget=spare).describe())
     kv_layers = len(getattr(model, "kv_layers", range(model.num_layers)))
     per_block = kv_bytes_per_token(kv_layers, model.num_kv_heads, model.head_size,
                                    dtype) * config.block_size

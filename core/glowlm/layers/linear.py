@@ -79,9 +79,9 @@ class UnquantizedLinearMethod(LinearMethod):
         return F.linear(x, layer.weight, bias)
 
     def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
-        from glowlm.layers.linear_choice import TORCH_LINEAR
+        from glowlm.layers.linear_choice import TORCH_LINEAR, onednn_candidates
 
-        return [TORCH_LINEAR]
+        return [TORCH_LINEAR, *onednn_candidates()]
 
 
 def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:

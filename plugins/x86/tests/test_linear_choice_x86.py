@@ -65,7 +65,8 @@ def test_the_fused_stack_follows_the_pinned_choice(model_dir: Path, tmp_path: Pa
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     require_kernels()
     _, llm = _run(model_dir, monkeypatch, tmp_path, "glowlm")
-    assert linear_choice.LAST_PLAN.fused_classes.get("stack") == ["decode", "batch", "prefill"]
+    assert linear_choice.LAST_PLAN.fused_classes.get("stack") == [
+        "decode", "small", "batch", "prefill"]
     assert _stack(llm).fn is not None
     _, llm = _run(model_dir, monkeypatch, tmp_path, "torch")
     assert linear_choice.LAST_PLAN.fused_classes.get("stack") == []

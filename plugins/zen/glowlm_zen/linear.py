@@ -21,6 +21,7 @@ from glowlm.plugin_api import (
     LinearCandidate,
     UnquantizedLinearMethod,
     init_logger,
+    onednn_candidates,
 )
 from torch import nn
 
@@ -123,6 +124,12 @@ class ZentorchLinearMethod(UnquantizedLinearMethod):
         layer.zentorch_transposed = True
         self.drop_copy(layer)
 
+    def copy_bytes(self, layer: nn.Module) -> int:
+        """The prepacked copy's size where the layer also keeps its plain weight."""
+        if getattr(layer, "zentorch_prepacked", False):
+            return 0
+        return layer.weight.numel() * layer.weight.element_size()
+
     def drop_copy(self, layer: nn.Module) -> None:
         if hasattr(layer, "zentorch_weight"):
             del layer.zentorch_weight
@@ -152,14 +159,15 @@ class ZentorchLinearMethod(UnquantizedLinearMethod):
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
-        """zentorch (the default), glowlm's kernels when the platform gave them, torch."""
+        """zentorch (the default), glowlm's kernels when the platform gave them, oneDNN
+        on a packed weight, ``F.linear``."""
         out: list[LinearCandidate] = []
         if self._linear is not None and self._prepack is not None:
             out.append(LinearCandidate(
                 "zentorch", _zentorch_version(), self.apply, _zentorch_weight,
                 finalize=self.prepack_layer if self.prepack else self.transpose_layer,
-                release=self.drop_copy))
+                release=self.drop_copy, copy_bytes=self.copy_bytes))
         if self.glowlm is not None:
             out.append(self.glowlm)
-        out.append(TORCH_LINEAR)
+        out += [*onednn_candidates(), TORCH_LINEAR]
         return out

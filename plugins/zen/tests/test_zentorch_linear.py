@@ -16,7 +16,7 @@ import torch.nn.functional as F
 zentorch = pytest.importorskip("zentorch", reason="zentorch is not installed (pip install "
                                                   "glowlm-zen[zentorch])")
 
-from glowlm.layers.linear_choice import choose_for_model  # noqa: E402
+from glowlm.layers.linear_choice import choose_for_model, onednn_candidates  # noqa: E402
 from glowlm.plugin_api import ModelParts, ReplicatedLinear, from_dump  # noqa: E402
 from glowlm.testing.hosts import HOSTS_DIR  # noqa: E402
 from glowlm_zen.linear import ZentorchLinearMethod  # noqa: E402
@@ -59,6 +59,10 @@ def test_loaded_layers_match_f_linear(dtype: torch.dtype, prepack: bool, rows: i
     close(lin(x), reference(lin, x, plain), dtype)
 
 
+#: oneDNN on a packed weight, where this torch has it (every x86_64 build).
+ONEDNN = [c.name for c in onednn_candidates()]
+
+
 def test_an_unpacked_row_major_weight_is_never_handed_to_zentorch() -> None:
     """zentorch 2.13 reads an unpacked weight as [in, out] memory at most shapes (not at
     48 x 64): the bug the layout conversion exists for. If this starts failing,
@@ -79,7 +83,7 @@ def test_the_measured_choice_keeps_plain_weights_and_times_zentorch_on_a_copy(
     plain = lin.weight.detach().clone()
     assert not lin.zentorch_prepacked               # loading left the weight plain
     names = [c.name for c in method.linear_candidates(lin)]
-    assert names == ["zentorch", "torch"]
+    assert names == ["zentorch", *ONEDNN, "torch"]
     model = torch.nn.ModuleList([lin])
     plan = choose_for_model(model, dtype, None, None, show_progress=False,
                             environ={"GLOWLM_LINEAR_CHOICE_CACHE": str(tmp_path)})
@@ -118,9 +122,9 @@ def test_the_zen_platform_offers_zentorch_glowlm_and_torch(monkeypatch: pytest.M
     lin = layer(method, torch.bfloat16)
     names = [c.name for c in method.linear_candidates(lin)]
     if platform.kernels() is None:
-        assert names == ["zentorch", "torch"]
+        assert names == ["zentorch", *ONEDNN, "torch"]
     else:
-        assert names == ["zentorch", "glowlm", "torch"]
+        assert names == ["zentorch", "glowlm", *ONEDNN, "torch"]
         assert method.runs_fused_kernels
     monkeypatch.setenv("GLOWLM_LINEAR_IMPL", "default")
     old = platform.unquantized_linear_method()

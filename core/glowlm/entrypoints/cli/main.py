@@ -38,9 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the real command line: maybe re-exec once with LD_PRELOAD
         try:
-            from glowlm.runtime.preload import maybe_reexec
+            from glowlm.runtime.preload import maybe_reexec, tune_glibc_malloc
 
             maybe_reexec()
+            tune_glibc_malloc()  # where no tcmalloc was preloaded; before any thread
         except GlowlmError as exc:
             print(f"glowlm: error: {exc}", file=sys.stderr)
             return 2

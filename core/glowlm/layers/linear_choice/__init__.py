@@ -13,8 +13,9 @@ reference for the output check, and kept unless another is faster by more than
 :data:`MARGIN`):
 
 1. the layer's :class:`~glowlm.layers.linear.LinearMethod`:
-   ``method.linear_candidates(layer)`` (x86: glowlm's kernels, then torch; Zen:
-   zentorch, glowlm's, torch; a quantized method: its own kernels);
+   ``method.linear_candidates(layer)`` (x86: glowlm's kernels, oneDNN on a packed
+   weight, ``F.linear``; Zen: zentorch first; core's dense method: ``F.linear`` and
+   oneDNN; a quantized method: its own kernels);
 2. the platform: ``Platform.linear_candidates(layer)`` — how a plugin (including a
    third-party platform subclassing another) adds one without touching the method.
 
@@ -26,8 +27,8 @@ stream from memory as in the model, not from cache), batch 2, prefill one
 (``TokenClass.pass_layers``); one warm-up, then at most
 :data:`REPEATS` timed passes (the best counts), fewer once a candidate's best of two
 is 50 % behind the best so far or :data:`MEASURE_SECONDS` are spent. The LM head runs
-on the sampled rows only (one per sequence), so it is measured for decode and batch;
-prefill takes batch's winner. Past :data:`MAX_SECONDS` in all (a busy machine) the
+on the sampled rows only (one per sequence), so it is measured for every class but
+prefill, which takes batch's winner. Past :data:`MAX_SECONDS` in all (a busy machine) the
 remaining shapes keep their default, uncached, with one warning.
 
 **Cache.** The result is kept in ``GLOWLM_LINEAR_CHOICE_CACHE`` (default
@@ -36,6 +37,13 @@ of every CPU flag, the thread count, glowlm's version and each candidate's name 
 version (glowlm's kernel module name holds the hash of its C++ sources), so a
 different host, thread count or kernel build measures again and the same one starts
 for free. ``glowlm collect-env`` prints the cached choices of this CPU.
+
+**Memory.** A candidate that keeps its own copy of a weight (oneDNN's blocked layout,
+zentorch's) holds it only on the layers that use it for some class and share the
+layer with another candidate; a layer it wins for every class holds only its copy
+(``finalize``). Before measuring, a candidate whose copies of every layer it supports
+(``copy_bytes``) would exceed ``copy_budget`` — the memory the start-up plan left
+spare — is not offered, with one line saying so.
 
 **Pinning.** ``GLOWLM_LINEAR_IMPL=<name>`` uses that candidate wherever it is
 offered (no measurement); ``GLOWLM_LINEAR_IMPL=default`` turns the mechanism off
@@ -75,11 +83,13 @@ from glowlm.layers.linear_choice.cache import (
     write_cache,
 )
 from glowlm.layers.linear_choice.candidates import (
+    ONEDNN_LINEAR,
     TOKEN_CLASSES,
     TORCH_LINEAR,
     ChosenLinearMethod,
     LinearCandidate,
     TokenClass,
+    onednn_candidates,
     token_class,
 )
 from glowlm.layers.linear_choice.measure import (
@@ -99,10 +109,11 @@ if TYPE_CHECKING:
     from glowlm.platforms.interface import Platform
 
 __all__ = ["LAST_PLAN", "MARGIN", "MAX_REL_ERROR", "MAX_SECONDS", "MEASURE_SECONDS",
-           "REPEATS", "SCHEMA", "TOKEN_CLASSES", "TORCH_LINEAR", "ChosenLinearMethod",
+           "ONEDNN_LINEAR", "REPEATS", "SCHEMA", "TOKEN_CLASSES", "TORCH_LINEAR",
+           "ChosenLinearMethod",
            "LinearCandidate", "LinearPlan", "Measurement", "TokenClass", "cache_file",
            "cached_choices", "choose_for_model", "find_sites", "host_key", "measure",
-           "token_class"]
+           "onednn_candidates", "token_class"]
 
 logger = init_logger(__name__)
 
@@ -163,14 +174,34 @@ class LinearPlan:
 LAST_PLAN: LinearPlan | None = None
 
 
+def _within_copy_budget(sites: list[Any], budget: int | None) -> None:
+    """Drop, from every site, each candidate whose weight copies would not fit."""
+    if budget is None:
+        return
+    need: dict[str, int] = {}
+    for s in sites:
+        for c in s.candidates:
+            if c.copy_bytes is not None and len(s.candidates) > 1:
+                need[c.name] = need.get(c.name, 0) + c.copy_bytes(s.module)
+    over = {n for n, b in need.items() if b > budget}
+    for name in sorted(over):
+        logger.info("linear candidate %r not offered: its weight copies (%.2f GiB) exceed "
+                    "the %.2f GiB the memory plan leaves spare", name, need[name] / 2**30,
+                    budget / 2**30)
+    if over:
+        for s in sites:
+            s.candidates = [c for c in s.candidates if c.name not in over]
+
+
 def choose_for_model(model: nn.Module, dtype: torch.dtype, unquantized: LinearMethod | None,
                      platform: Platform | None = None, show_progress: bool = True,
-                     environ: dict[str, str] | None = None, host: HostInfo | None = None
-                     ) -> LinearPlan:
+                     environ: dict[str, str] | None = None, host: HostInfo | None = None,
+                     copy_budget: int | None = None) -> LinearPlan:
     """Measure (or read from the cache, or pin) and install the choice on ``model``.
 
     Runs once per engine after the weights are loaded (and moved into huge pages),
-    in the thread that runs the model, with its thread count set.
+    in the thread that runs the model, with its thread count set. ``copy_budget``:
+    bytes candidates may add in weight copies (``None``: not limited).
     """
     global LAST_PLAN
     from glowlm import envs
@@ -182,6 +213,7 @@ def choose_for_model(model: nn.Module, dtype: torch.dtype, unquantized: LinearMe
         LAST_PLAN = LinearPlan("default")
         return LAST_PLAN
     sites = find_sites(model, unquantized, platform)
+    _within_copy_budget(sites, copy_budget)
     groups = _groups(sites)
     plan = LinearPlan("pinned" if pin else "measured")
     choices: dict[str, dict[str, str]] = {}

@@ -35,10 +35,14 @@ class TokenClass:
     pass_layers: int = 1
 
 
-#: Decode (one token per sequence, a few sequences), batched decode (~32 sequences),
-#: prefill chunks (hundreds of tokens). Bounds lie between the timed row counts.
+#: Decode of one or two sequences, of a few (a server at concurrency ~8), batched decode
+#: (~32 sequences), prefill chunks (hundreds of tokens). Bounds lie between the timed
+#: row counts. "small" is its own class because the winners differ there: glowlm's
+#: GEMV streams weights fastest at one row, while a packed oneDNN GEMM already wins at
+#: 4-8 rows on an AVX512-BF16 host (docs/performance.md).
 TOKEN_CLASSES: tuple[TokenClass, ...] = (
-    TokenClass("decode", 1, 8, pass_layers=8),
+    TokenClass("decode", 1, 2, pass_layers=8),
+    TokenClass("small", 6, 16, pass_layers=4),
     TokenClass("batch", 32, 96, pass_layers=2),
     TokenClass("prefill", 256, None, pass_layers=1),
 )
@@ -78,6 +82,8 @@ class LinearCandidate:
     fused: bool = False
     finalize: Callable[[nn.Module], None] | None = None
     release: Callable[[nn.Module], None] | None = None
+    prepare: Callable[[nn.Module], None] | None = None
+    copy_bytes: Callable[[nn.Module], int] | None = None
 
 
 def _torch_apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
@@ -94,6 +100,84 @@ def _dense(layer: nn.Module) -> bool:
 TORCH_LINEAR = LinearCandidate(
     "torch", f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}",
     _torch_apply, _dense)
+
+
+_ONEDNN_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _onednn_ops() -> tuple[Any, Any] | None:
+    """(reorder, linear) from torch's oneDNN bindings, or ``None`` where this torch lacks
+    them (a build without mkldnn)."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return (torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def onednn_weight(layer: nn.Module) -> torch.Tensor:
+    """``layer``'s weight in oneDNN's blocked layout: the weight itself once
+    :func:`_onednn_finalize` replaced it, else a copy made on first use."""
+    w = layer.weight
+    if w.is_mkldnn:
+        return w
+    packed = layer.__dict__.get("onednn_weight")
+    if packed is None:
+        ops = _onednn_ops()
+        assert ops is not None
+        packed = ops[0](w.detach(), None)
+        layer.__dict__["onednn_weight"] = packed
+    return packed
+
+
+def _onednn_apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+    linear = torch.ops.mkldnn._linear_pointwise
+    w = onednn_weight(layer)
+    x2 = x.reshape(-1, x.shape[-1])
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    y = linear(x2, w, bias, "none", [], "")
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _onednn_supports(layer: nn.Module) -> bool:
+    w = getattr(layer, "weight", None)
+    return (isinstance(w, torch.Tensor) and w.dim() == 2 and w.dtype in _ONEDNN_DTYPES
+            and (w.is_mkldnn or w.layout == torch.strided))
+
+
+def _onednn_finalize(layer: nn.Module) -> None:
+    """The layer runs oneDNN for every class: its packed weight replaces the plain
+    one, so it holds one copy (its method's own ``apply`` can no longer run)."""
+    packed = onednn_weight(layer)
+    layer.weight = nn.Parameter(packed, requires_grad=False)
+    layer.__dict__.pop("onednn_weight", None)
+
+
+def _onednn_release(layer: nn.Module) -> None:
+    layer.__dict__.pop("onednn_weight", None)
+
+
+def _onednn_copy_bytes(layer: nn.Module) -> int:
+    w = layer.weight
+    return 0 if w.is_mkldnn else w.numel() * w.element_size()
+
+
+#: torch's oneDNN GEMM on a weight reordered once into oneDNN's blocked layout (the
+#: prepack ``F.linear`` redoes, or does without, on every call): 1.3-2x ``F.linear``
+#: at 4-64 rows. Where it shares a layer with another candidate it keeps its own copy.
+ONEDNN_LINEAR = LinearCandidate(
+    "onednn", f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}",
+    _onednn_apply, _onednn_supports, finalize=_onednn_finalize, release=_onednn_release,
+    prepare=onednn_weight, copy_bytes=_onednn_copy_bytes)
+
+
+def onednn_candidates() -> list[LinearCandidate]:
+    """``[ONEDNN_LINEAR]`` where this torch has oneDNN's linear bindings, else ``[]``: a
+    dense method lists it beside :data:`TORCH_LINEAR`."""
+    return [ONEDNN_LINEAR] if _onednn_ops() is not None else []
 
 
 class ChosenLinearMethod:

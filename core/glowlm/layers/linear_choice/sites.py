@@ -91,7 +91,7 @@ def find_sites(model: nn.Module, unquantized: LinearMethod | None,
         elif (unquantized is not None and hasattr(module, "compute_logits")
               and hasattr(module, "dense_linear") and _dense(module)):
             sites.append(_Site(module, unquantized, _candidates(unquantized, module, platform),
-                               "lm_head", TOKEN_CLASSES[:2]))
+                               "lm_head", TOKEN_CLASSES[:-1]))
     return sites
 
 
@@ -127,6 +127,8 @@ def _install(site: _Site, impls: list[tuple[int | None, LinearCandidate]],
     for cand in site.candidates:
         if cand.name not in used and cand.release is not None:
             cand.release(site.module)
+        elif cand.name in used and cand.prepare is not None:
+            cand.prepare(site.module)
     if len(used) == 1 and site.kind == "linear":  # never on a head tied to the embedding
         only = next(iter(used.values()))
         if only.finalize is not None:

@@ -21,7 +21,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from glowlm.plugin_api import TORCH_LINEAR, LinearCandidate, UnquantizedLinearMethod
+from glowlm.plugin_api import (
+    TORCH_LINEAR,
+    LinearCandidate,
+    UnquantizedLinearMethod,
+    onednn_candidates,
+)
 from torch import nn
 
 from glowlm_x86.kernels import ops
@@ -75,8 +80,8 @@ def glowlm_candidate(policy: GemmPolicy, kernel_version: str) -> LinearCandidate
 class X86LinearMethod(UnquantizedLinearMethod):
     """Dense weights; compiled GEMV for small M, compiled blocked GEMM above.
 
-    Offers the measured choice glowlm's kernels first (the default), then torch's
-    ``F.linear`` (oneDNN: native bf16 / AMX where the CPU has them).
+    Offers the measured choice glowlm's kernels first (the default), then oneDNN on a
+    packed weight and torch's ``F.linear`` (native bf16 / AMX where the CPU has them).
     """
 
     #: The platform's fused ops run this method's kernels (glowlm_x86.platform.ops).
@@ -92,4 +97,5 @@ class X86LinearMethod(UnquantizedLinearMethod):
         return dense_linear(x, layer.weight, bias, self.policy)
 
     def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
-        return [glowlm_candidate(self.policy, self.kernel_version), TORCH_LINEAR]
+        return [glowlm_candidate(self.policy, self.kernel_version), *onednn_candidates(),
+                TORCH_LINEAR]
