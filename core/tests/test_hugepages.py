@@ -67,3 +67,38 @@ def test_bandwidth_in_both_page_sizes() -> None:
     for huge in (False, True):
         bw = read_bandwidth(gib=1 / 64, repeats=3, huge_pages=huge)
         assert 0 < bw.median_gbs <= bw.best_gbs
+
+
+def _rss_mib() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc only")
+@pytest.mark.parametrize("huge", [False, True])
+def test_mapped_zeros_are_zero_lazy_and_given_back(huge: bool) -> None:
+    # The KV cache's allocation: 1 GiB costs no resident memory until it is written,
+    # and none after it is freed (torch.zeros wrote all of it, and a tuned allocator
+    # kept it after the engine was gone: CI ran out of memory that way).
+    before = _rss_mib()
+    t = hugepages.mapped_zeros((256, 1024, 1024), torch.float32, huge)
+    assert t.shape == (256, 1024, 1024) and t.dtype == torch.float32
+    assert _rss_mib() - before < 64
+    t[:64].fill_(2.0)                                   # 256 MiB written
+    assert float(t[63].sum()) == 2.0 * 1024 * 1024 and float(t[64:].abs().sum()) == 0.0
+    assert 200 < _rss_mib() - before < 256 + 64
+    del t
+    assert _rss_mib() - before < 64
+    assert hugepages.mapped_zeros((0, 4), torch.bfloat16).numel() == 0
+
+
+def test_the_engine_kv_cache_is_mapped(tmp_path: Path) -> None:
+    from glowlm import LLM
+    from glowlm.testing.tiny_models import make_tiny_model
+
+    before = _rss_mib()
+    llm = LLM(str(make_tiny_model("llama", tmp_path / "m")), dtype="float32",
+              max_model_len=64, kv_cache_space_gib=2)
+    assert sum(c.nbytes for c in llm.engine.runner.kv_caches) >= 2 << 30
+    assert _rss_mib() - before < 1024                 # 2 GiB of cache, not resident
+    assert llm.generate(["hello"])[0].outputs[0].token_ids

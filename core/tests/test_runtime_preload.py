@@ -136,11 +136,11 @@ import torch
 from glowlm.runtime import preload
 tuned = preload.tune_glibc_malloc()
 faults = []
-for _ in range(6):                       # 64 MiB, freed at once, again and again
+for _ in range(12):                      # 64 MiB, freed at once, again and again
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.empty(16 << 20, dtype=torch.float32).fill_(1)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(tuned, min(faults[2:]), preload.describe())   # once the heap has settled
+print(tuned, max(faults[-4:]), preload.describe(), faults)  # once the heap has settled
 """
 
 
@@ -149,16 +149,19 @@ print(tuned, min(faults[2:]), preload.describe())   # once the heap has settled
 @pytest.mark.parametrize("opt_out", ["0", "1"])
 def test_glibc_malloc_tuning_reuses_freed_blocks(opt_out: str) -> None:
     """Tuned, a freed 64 MiB block is reused: allocating it again costs no page faults
-    (16,384 4 KiB faults untuned, as glibc unmapped it). Run in a child: the tuning
-    changes the whole process, and tcmalloc must not be preloaded there."""
+    (16,384 4 KiB faults untuned, as glibc unmapped it). Not from the first repeat: torch
+    asks for 64-byte aligned blocks, and until the freed ones coalesce a new request
+    may not fit the last one freed, so the heap takes up to ~5 such blocks first. Run
+    in a child: the tuning changes the whole process, and tcmalloc must not be
+    preloaded there."""
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env["GLOWLM_NO_MALLOC_TUNING"] = opt_out
     out = subprocess.run([sys.executable, "-c", _FAULTS], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout.split(maxsplit=2)
     tuned, faults, line = out[0] == "True", int(out[1]), out[2]
     if opt_out == "1":
-        assert not tuned and "tuned" not in line
-        assert faults > 4000               # glibc unmapped the block: faulted in again
+        assert not tuned and "tuned" not in line, line
+        assert faults > 4000, line         # glibc unmapped every block: faulted in again
     else:
-        assert tuned and "tuned to keep freed blocks" in line
-        assert faults < 1000
+        assert tuned and "tuned to keep freed blocks" in line, line
+        assert faults < 4000, line         # reused: a quarter of one block's pages at most

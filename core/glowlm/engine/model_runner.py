@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from glowlm import envs
 from glowlm.attention.backend import AttentionBackend, AttentionMetadata
 from glowlm.engine.outputs import Logprob, PositionLogprobs
 from glowlm.engine.scheduler import SchedulerOutput
 from glowlm.engine.sequence import Sequence
+from glowlm.runtime import hugepages
 from glowlm.sampling.processors import add_processors
 from glowlm.sampling.sampler import SamplerOutput, SamplingBatch, noise_key, sample
 
@@ -92,7 +94,10 @@ class ModelRunner:
                                        model.head_size)
         # A pipeline stage allocates the caches of its own layers only.
         own = set(getattr(model, "kv_layers", range(model.num_layers)))
-        self.kv_caches = [torch.zeros(shape, dtype=kv_dtype) if i in own
+        # Mapped, not malloc'd: zeroed lazily by the kernel, freed back to the system
+        # with the engine (runtime/hugepages.py).
+        huge = not envs.get().no_huge_pages
+        self.kv_caches = [hugepages.mapped_zeros(shape, kv_dtype, huge) if i in own
                           else torch.empty(0, dtype=kv_dtype) for i in range(model.num_layers)]
 
     # -- inputs -------------------------------------------------------------------------

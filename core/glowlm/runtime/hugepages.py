@@ -8,6 +8,12 @@ distributions ship ``madvise``. So after loading, large weights are copied into
 one anonymous mapping advised ``MADV_HUGEPAGE`` (one mapping, so no 2 MiB of
 rounding per tensor), one tensor at a time so the peak is the model plus one
 tensor. ``GLOWLM_NO_HUGE_PAGES=1`` turns it off.
+
+The KV cache comes from the same kind of mapping (:func:`mapped_zeros`): the kernel
+hands out zeroed pages on first touch, so a 4 GiB cache costs no 4 GiB memset at
+start-up, is resident only as far as it is used, and goes back to the system when
+the engine is freed — whatever the allocator keeps for reuse (preload.py tunes
+glibc malloc to keep everything it frees) never holds a cache.
 """
 
 from __future__ import annotations
@@ -50,6 +56,27 @@ def huge_buffer(nbytes: int) -> torch.Tensor:
     whole = torch.frombuffer(mm, dtype=torch.uint8)
     start = -whole.data_ptr() % HUGE_PAGE
     return whole[start:start + nbytes]
+
+
+def mapped_zeros(shape: tuple[int, ...] | list[int], dtype: torch.dtype,
+                 huge: bool = True) -> torch.Tensor:
+    """A zero tensor in its own anonymous mapping, advised for huge pages if ``huge``.
+
+    Why not ``torch.zeros``: that writes every byte at once and the block then lives
+    in the allocator, which may keep it after it is freed (tcmalloc, tuned glibc).
+    Here pages are zero-filled by the kernel when first touched and unmapped when the
+    last view of the tensor is freed.
+    """
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    if huge and available():
+        return huge_buffer(nbytes).view(dtype).view(shape)
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(mm, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def _large_tensors(model: nn.Module) -> list[torch.Tensor]:

@@ -193,8 +193,12 @@ def tune_glibc_malloc(environ: Mapping[str, str] | None = None) -> bool:
     mmap'd 64 MiB heap, too small for such blocks, so it would fall back to mmap),
     freed memory never trimmed (``M_TRIM_THRESHOLD``), and the heap grown 64 MiB at
     a time. The cost is tcmalloc's: memory freed stays with the process, so its
-    resident size stays at its peak. Call it as early as possible — before threads
-    start, as the CLI does — since threads that already own an arena keep it.
+    resident size stays at its peak — a little above it, as torch's 64-byte aligned
+    requests do not always fit the block freed last until free blocks coalesce (a
+    loop of 64 MiB blocks settles after ~5). The KV cache is not malloc'd
+    (hugepages.mapped_zeros), so none of this holds a cache after its engine is gone.
+    Call it as early as possible — before threads start, as the CLI does — since
+    threads that already own an arena keep it.
     ``GLOWLM_NO_MALLOC_TUNING=1`` opts out; Linux with glibc only.
     """
     environ = os.environ if environ is None else environ
