@@ -18,6 +18,7 @@ glibc malloc to keep everything it frees) never holds a cache.
 
 from __future__ import annotations
 
+import math
 import mmap
 from pathlib import Path
 
@@ -67,10 +68,7 @@ def mapped_zeros(shape: tuple[int, ...] | list[int], dtype: torch.dtype,
     Here pages are zero-filled by the kernel when first touched and unmapped when the
     last view of the tensor is freed.
     """
-    numel = 1
-    for d in shape:
-        numel *= int(d)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
     if huge and available():

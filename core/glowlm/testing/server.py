@@ -60,6 +60,10 @@ def post(server: ServerProcess, path: str, body: dict[str, Any]) -> httpx.Respon
     return httpx.post(server.url + path, json=body, timeout=60)
 
 
+#: The KV cache of every server :func:`start_server` starts (GLOWLM_CPU_KVCACHE_SPACE).
+KV_CACHE_GIB = 0.05
+
+
 def start_server(model: str | Path, log: Path, *args: str, timeout: float = 180.0,
                  env: dict[str, str] | None = None) -> ServerProcess:
     """Run ``glowlm serve MODEL ARGS`` on a free port; return once /health answers 200.
@@ -68,7 +72,7 @@ def start_server(model: str | Path, log: Path, *args: str, timeout: float = 180.
     becomes healthy.
     """
     port = free_port()
-    full_env = {**os.environ, "GLOWLM_CPU_KVCACHE_SPACE": "0.05",
+    full_env = {**os.environ, "GLOWLM_CPU_KVCACHE_SPACE": f"{KV_CACHE_GIB:g}",
                 "GLOWLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
                 "GLOWLM_DISABLE_KERNELS": "1", **(env or {})}
     cmd = [sys.executable, "-m", "glowlm.entrypoints.cli.main", "serve", str(model),
