@@ -133,10 +133,13 @@ def test_weight_only_act_order_perm(kernels) -> None:
                                REFERENCE_KERNELS.weight_only(x, w, None), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("m", TOKENS)
+# m: also 2 (decode's one-pass tile with two rows) and 6 (a 4-row tile, then 2 rows).
+@pytest.mark.parametrize("m", sorted({*TOKENS, 2, 6}))
 # k: whole and partial 16-value vectors of the activation quantization, a scalar-only row
 # (4), a long row with a tail (2051: 128 vectors and 3 values, padded to 2052).
-@pytest.mark.parametrize("n, k", [(40, 66), (64, 128), (130, 64), (16, 4), (32, 2051)])
+# n: 65 blocks of 16 rows (1040): decode's far-apart streams in runs, and a leftover block.
+@pytest.mark.parametrize("n, k", [(40, 66), (64, 128), (130, 64), (16, 4), (32, 2051),
+                                  (1040, 64)])
 @pytest.mark.parametrize("static", [None, (0.02, 0), (0.03, 5)])
 def test_w8a8_matches_reference(kernels, m: int, n: int, k: int,
                                 static: tuple[float, int] | None) -> None:

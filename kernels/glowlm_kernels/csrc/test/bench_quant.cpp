@@ -22,7 +22,7 @@
 //                 the fast path: the avx2 and avx512 modules);
 //   gguf4/gguf8   (not by default) 4 / 8 bits in groups of 32, the bf16-x (or fp32-x)
 //                 tile against wna8_linear ("a8": int8 activations per 32 columns),
-// at M = 1 and 4 token rows, each a whole op call (x conversion / quantization, group
+// at M = 1 and 4 token rows (W8A8 also 2), each a whole op call (x conversion / quantization, group
 // sums, output) as the engine makes it. GB/s counts the packed bytes (weights + scales).
 //
 // Built and run by plugins/x86/tools/bench_linear.py --native ISA --program quant;
@@ -52,7 +52,7 @@ struct Activations {
     std::normal_distribution<float> unit(0.0f, 1.0f);
     std::vector<float> v(kMaxM * K);
     for (float& f : v) f = unit(gen);
-    for (int64_t M : {int64_t{1}, kMaxM}) {
+    for (int64_t M : {int64_t{1}, int64_t{2}, kMaxM}) {
       bf[M] = at::empty({M, K}, {at::kBFloat16});
       f32[M] = at::empty({M, K}, {at::kFloat});
       for (int64_t i = 0; i < M * K; ++i) {
@@ -126,7 +126,7 @@ void bench_w8a8(int64_t N, int64_t K, int reps, int64_t min_bytes, const Activat
                 at::Tensor::view(q + moff, {N}, at::kInt), 0.0, 0, N, std::nullopt);
   };
   std::vector<Config> configs;
-  for (int64_t M : {int64_t{1}, kMaxM})
+  for (int64_t M : {int64_t{1}, int64_t{2}, kMaxM})  // 2: two sequences decoding
     configs.push_back({"bf16 x M=" + std::to_string(M),
                        [&, M](const char* p) { call(p, xs.bf[M]); }, {}});
   run_round_robin("w8a8", N, K, mats, std::move(configs), reps);
