@@ -22,8 +22,9 @@
 //                 the fast path: the avx2 and avx512 modules);
 //   gguf4/gguf8   (not by default) 4 / 8 bits in groups of 32, the bf16-x (or fp32-x)
 //                 tile against wna8_linear ("a8": int8 activations per 32 columns),
-// at M = 1 and 4 token rows (W8A8 also 2), each a whole op call (x conversion / quantization, group
-// sums, output) as the engine makes it. GB/s counts the packed bytes (weights + scales).
+// at M = 1 and 4 token rows (W8A8 also 2), each a whole op call (x conversion /
+// quantization, group sums, output) as the engine makes it. GB/s counts the packed
+// bytes (weights + scales).
 //
 // Built and run by plugins/x86/tools/bench_linear.py --native ISA --program quant;
 // OMP_NUM_THREADS sets the threads (default: all cores).

@@ -641,6 +641,18 @@ __attribute__((target("avx512vnni"))) void w8a8_tile_vnni(const uint8_t* xq, int
       _mm512_storeu_si512((void*)(acc + (m * NB + nb) * kRows), a[m][nb]);
 }
 
+// w8a8_tile_vnni for a run-time number of token rows, 1 <= mt <= 4.
+template <int NB>
+void w8a8_tile_vnni_rows(int mt, const uint8_t* xq, int64_t kp, const int8_t* w,
+                         int64_t block_bytes, int32_t* acc) {
+  switch (mt) {
+    case 4: return w8a8_tile_vnni<4, NB>(xq, kp, w, block_bytes, acc);
+    case 3: return w8a8_tile_vnni<3, NB>(xq, kp, w, block_bytes, acc);
+    case 2: return w8a8_tile_vnni<2, NB>(xq, kp, w, block_bytes, acc);
+    default: return w8a8_tile_vnni<1, NB>(xq, kp, w, block_bytes, acc);
+  }
+}
+
 bool has_vnni() {
   static const bool yes = __builtin_cpu_supports("avx512vnni");
   return yes;
@@ -699,11 +711,8 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
     stream_items<NB>(M, blocks, [&](auto nbc, int64_t, int64_t, int64_t b, int64_t bs) {
       constexpr int nbt = decltype(nbc)::value;
       int32_t acc[3 * nbt * kRows];
-      const int8_t* wb = w + b * block_bytes;
-      const int64_t stride = bs * block_bytes;
-      if (M == 1) w8a8_tile_vnni<1, nbt>(xqp, kp, wb, stride, acc);
-      else if (M == 2) w8a8_tile_vnni<2, nbt>(xqp, kp, wb, stride, acc);
-      else w8a8_tile_vnni<3, nbt>(xqp, kp, wb, stride, acc);
+      w8a8_tile_vnni_rows<nbt>(static_cast<int>(M), xqp, kp, w + b * block_bytes,
+                               bs * block_bytes, acc);
       emit(acc, 0, static_cast<int>(M), b, nbt, bs);
     });
     return finish(out, n, bias, x.scalar_type());
@@ -713,20 +722,14 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
   parallel_chunks(items, [&](int64_t item) {
     int32_t acc[4 * NB * kRows];
     const int64_t b0 = item * NB, nb_here = std::min<int64_t>(NB, blocks - b0);
-    auto emit_here = [&](int64_t m0, int mt, int64_t b, int nbt) {
-      emit(acc, m0, mt, b, nbt, 1);
-    };
     for (int64_t m = 0; m < M;) {
 #if defined(GLOWLM_QUANT_X86) && defined(__AVX512F__)
       if (has_vnni() && nb_here == NB) {
         const uint8_t* xm = xq.data() + m * kp;
         const int8_t* wb = w + b0 * block_bytes;
         const int mt = static_cast<int>(std::min<int64_t>(4, M - m));
-        if (mt == 4) w8a8_tile_vnni<4, NB>(xm, kp, wb, block_bytes, acc);
-        else if (mt == 3) w8a8_tile_vnni<3, NB>(xm, kp, wb, block_bytes, acc);
-        else if (mt == 2) w8a8_tile_vnni<2, NB>(xm, kp, wb, block_bytes, acc);
-        else w8a8_tile_vnni<1, NB>(xm, kp, wb, block_bytes, acc);
-        emit_here(m, mt, b0, NB);
+        w8a8_tile_vnni_rows<NB>(mt, xm, kp, wb, block_bytes, acc);
+        emit(acc, m, mt, b0, NB, 1);
         m += mt;
         continue;
       }
@@ -735,19 +738,19 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
       if (M - m >= 2) {
         for (int64_t b = b0; b < b0 + nb_here; ++b) {
           w8a8_block_madd<2>(xq.data() + m * kp, kp, w + b * block_bytes, acc);
-          emit_here(m, 2, b, 1);
+          emit(acc, m, 2, b, 1, 1);
         }
         m += 2;
         continue;
       }
       for (int64_t b = b0; b < b0 + nb_here; ++b) {
         w8a8_block_madd<1>(xq.data() + m * kp, kp, w + b * block_bytes, acc);
-        emit_here(m, 1, b, 1);
+        emit(acc, m, 1, b, 1, 1);
       }
 #else
       for (int64_t b = b0; b < b0 + nb_here; ++b) {
         w8a8_block_generic<1>(xq.data() + m * kp, kp, w + b * block_bytes, acc);
-        emit_here(m, 1, b, 1);
+        emit(acc, m, 1, b, 1, 1);
       }
 #endif
       m += 1;
