@@ -251,10 +251,13 @@ class GracefulServer(uvicorn.Server):
     gets a well-formed ending, and a signal-initiated shutdown exits 0.
     """
 
+    FORCE_AFTER = 2.0  # seconds the second signal leaves for the endings to be written
+
     def __init__(self, config: uvicorn.Config, driver: AsyncEngine, drain_seconds: float) -> None:
         super().__init__(config)
         self.driver = driver
         self.drain_seconds = drain_seconds
+        self._stopping = False  # a second signal came: requests ended, exit when written
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -271,16 +274,29 @@ class GracefulServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """A second SIGINT *or* SIGTERM stops at once (uvicorn forces only on SIGINT, so
-        a supervisor's second SIGTERM would otherwise wait out the whole drain)."""
-        if self.should_exit and not self.force_exit:
+        a supervisor's second SIGTERM would otherwise wait out the whole drain).
+
+        "At once" still lets each client read its ending: the second signal ends every
+        request now (a stream gets its error event and [DONE], a plain request a 503)
+        and uvicorn's drain then finishes as soon as those responses are written and
+        the connections close; only if that takes longer than ``FORCE_AFTER`` seconds
+        (or a third signal comes) does uvicorn drop the connections. Forcing at the
+        second signal itself raced the responses: a request ended a moment before the
+        process exited could lose its 503 to a connection reset.
+        """
+        if not self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        if self._stopping or self.driver.loop is None:
             self.force_exit = True
-            # End every request now, so each client gets a clean ending (a stream its
-            # error event and [DONE], a plain request a 503) in the moment uvicorn
-            # still runs, rather than a cancelled task's 500.
-            loop = self.driver.loop
-            if loop is not None:
-                loop.call_soon_threadsafe(self.driver.cancel_all, "the server was stopped")
-        super().handle_exit(sig, frame)
+            return
+        self._stopping = True
+        loop = self.driver.loop
+        loop.call_soon_threadsafe(self.driver.cancel_all, "the server was stopped")
+        loop.call_soon_threadsafe(loop.call_later, self.FORCE_AFTER, self._force)
+
+    def _force(self) -> None:
+        self.force_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         pending = self.driver.snapshot.num_unfinished
