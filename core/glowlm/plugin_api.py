@@ -35,8 +35,8 @@ What is here, by concern:
   layers described as :class:`DecoderLayerWeights`);
 - quantization: :class:`QuantizationConfig`, :func:`quantization_for_platform` (the
   checkpoint formats as configs of one platform), the kernel contract
-  (:class:`QuantKernels`, :class:`WeightOnlyInt`, :class:`Int8Weights`) and its
-  reference (:data:`REFERENCE_QUANT_KERNELS`);
+  (:class:`QuantKernels`, :class:`WeightOnlyInt`, :class:`Int8Weights`,
+  :class:`WeightOnlyParts`) and its reference (:data:`REFERENCE_QUANT_KERNELS`);
 - logging and errors: :func:`init_logger`, :class:`ConfigError` and friends.
 """
 
@@ -88,7 +88,12 @@ from glowlm.layers.norm import LayerNorm, RMSNorm
 from glowlm.layers.quantization import QuantizationConfig
 from glowlm.layers.quantization.formats import for_platform as quantization_for_platform
 from glowlm.layers.quantization.kernels import REFERENCE_KERNELS as REFERENCE_QUANT_KERNELS
-from glowlm.layers.quantization.kernels import Int8Weights, QuantKernels, WeightOnlyInt
+from glowlm.layers.quantization.kernels import (
+    Int8Weights,
+    QuantKernels,
+    WeightOnlyInt,
+    WeightOnlyParts,
+)
 from glowlm.layers.rotary import RotaryEmbedding, rope_settings
 from glowlm.logger import init_logger
 from glowlm.models.base import CausalLM, prune_rows
@@ -152,7 +157,8 @@ __all__ = [
     "RMSNorm", "ReferenceAttentionBackend", "ReplicatedLinear", "RmsDecoderLayerFn",
     "RmsDecoderStackFn", "RmsDecoderWeights", "Rotary", "RotaryEmbedding", "RowParallelLinear",
     "Setting", "SiluAndMul", "UnquantizedLinearMethod", "VocabParallelEmbedding",
-    "WeightOnlyInt", "core_env", "decoder_layer_op", "decoder_stack_op", "dtype_name",
+    "WeightOnlyInt", "WeightOnlyParts", "core_env", "decoder_layer_op", "decoder_stack_op",
+    "dtype_name",
     "from_dump", "from_files", "hookimpl", "init_logger", "kv_bytes_per_token", "live_host",
     "onednn_candidates", "parse_bool", "parse_choice", "parse_dtype", "parse_int", "parse_str",
     "prune_rows",

@@ -274,3 +274,44 @@ def test_cli_accepts_quantization() -> None:
     add_engine_args(p)
     args = p.parse_args(["--quantization", "awq"])
     assert engine_kwargs(args)["quantization"] == "awq"
+
+
+class _PreparedLayer(nn.Module):
+    def __init__(self, n: int, k: int, dtype: torch.dtype, w8a8: bool, prepared: object
+                 ) -> None:
+        super().__init__()
+        self.input_size, self.output_sizes, self.params_dtype = k, [n], dtype
+        self.quant_w8a8, self.quant_weight = w8a8, prepared
+
+
+def test_reference_kernels_offer_torch_candidates_of_the_same_arithmetic() -> None:
+    """On core's reference kernels (any platform) the measured choice gets torch's int8
+    GEMM for W8A8 (the same integers) and its int4 GEMM for 4-bit W4A16 in 16-bit models."""
+    from glowlm.layers.quantization.candidates import quant_candidates
+    from glowlm.layers.quantization.method import QuantLinearMethod
+
+    class Method(QuantLinearMethod):
+        def create_weights(self, *args: object) -> None:
+            raise AssertionError("not loading")
+
+    g = torch.Generator().manual_seed(5)
+    method = Method(REFERENCE_KERNELS)
+    w8 = Int8Weights(torch.randint(-127, 128, (24, 64), generator=g, dtype=torch.int8),
+                     torch.rand(24, generator=g) * 0.01, 0.03, 4)
+    layer = _PreparedLayer(24, 64, torch.float32, True, w8)
+    cands = {c.name: c for c in quant_candidates(method, layer)}
+    assert list(cands) == ["reference-quant", "torch-int8"]
+    x = torch.randn(7, 64, generator=g)
+    torch.testing.assert_close(cands["torch-int8"].apply(layer, x, None),
+                               cands["reference-quant"].apply(layer, x, None),
+                               rtol=1e-6, atol=1e-6)
+    q = torch.randint(0, 16, (24, 64), generator=g, dtype=torch.uint8)
+    w4 = WeightOnlyInt(q, torch.rand(24, 2, generator=g) * 0.02 + 1e-3,
+                       torch.randint(0, 16, (24, 2), generator=g).float(), 4, 32)
+    layer = _PreparedLayer(24, 64, torch.bfloat16, False, w4)
+    cands = {c.name: c for c in quant_candidates(method, layer)}
+    assert list(cands) == ["reference-quant", "torch-int4"]
+    xb = x.bfloat16()
+    want = REFERENCE_KERNELS.weight_only(xb.float(), w4, None)
+    got = cands["torch-int4"].apply(layer, xb, None).float()
+    assert float((got - want).norm() / want.norm()) < 1e-2

@@ -21,11 +21,14 @@ streams these bytes once per token too. W8A8 weights become ``[N/16][K/4][16][4]
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from glowlm.plugin_api import Int8Weights, QuantKernels, WeightOnlyInt
+from glowlm.plugin_api import Int8Weights, QuantKernels, WeightOnlyInt, WeightOnlyParts
 
 ROWS = 16  #: output rows per weight block (one AVX-512 register of fp32 / int32 sums)
 #: The compiled quantized ops (a platform's ``Capabilities.kernels`` lists them).
@@ -169,6 +172,37 @@ def pack_w8a8(w: Int8Weights) -> PackedW8A8:
                       int(w.input_zero_point), n)
 
 
+def unpack_weight_only(p: PackedWeightOnly) -> WeightOnlyParts:
+    """:func:`pack_weight_only`'s layout back to ``[N, K]`` values with their scales and
+    ``zero * scale`` per group (``scale * 2**(bits-1)`` for symmetric weights, as the
+    kernels derive it)."""
+    npad = p.scales.shape[0] * ROWS
+    if p.bits == 4:  # [Npad/16, K/4, 16, 2]: byte j of unit c = q[4c + j] | q[4c + 2 + j] << 4
+        b = p.weight
+        q = torch.stack([b & 0x0F, b >> 4], dim=3)             # [Npad/16, K/4, 16, 2, 2]
+        q = q.permute(0, 2, 1, 3, 4).reshape(npad, -1)
+    elif p.act_block:  # int8 [Npad/16, K/4, 16, 4]: q - 128
+        q = (p.weight.permute(0, 2, 1, 3).reshape(npad, -1).to(torch.int16) + 128
+             ).to(torch.uint8)
+    else:  # [Npad/16, K/2, 2, 16]
+        q = p.weight.permute(0, 3, 1, 2).reshape(npad, -1)
+
+    def rows(t: torch.Tensor) -> torch.Tensor:  # [Npad/16, G, 16] -> [N, G]
+        return t.permute(0, 2, 1).reshape(npad, -1)[:p.n].float().contiguous()
+
+    scales = rows(p.scales)
+    zs = scales * float(1 << (p.bits - 1)) if p.zs.numel() == 0 else rows(p.zs)
+    return WeightOnlyParts(q[:p.n].contiguous(), scales, zs, p.bits, p.group_size, p.perm)
+
+
+def unpack_w8a8(p: PackedW8A8, k: int) -> Int8Weights:
+    """:func:`pack_w8a8`'s layout back to the canonical int8 ``[N, K]`` weights."""
+    npad = p.scale.shape[0]
+    q = p.weight.permute(0, 2, 1, 3).reshape(npad, -1)[:p.n, :k].contiguous()
+    return Int8Weights(q, p.scale[:p.n].clone(),
+                       None if p.input_scale <= 0 else p.input_scale, p.input_zero_point)
+
+
 def quant_ops_registered(namespace: str) -> bool:
     """Whether ``torch.ops.<namespace>`` has the quantized ops (its module is loaded)."""
     try:
@@ -179,13 +213,27 @@ def quant_ops_registered(namespace: str) -> bool:
     return True
 
 
+_SOURCE = Path(__file__).parent / "csrc" / "torch" / "quant_linear.cpp"
+
+
+@functools.cache
+def source_hash() -> str:
+    """The first 12 hex digits of quant_linear.cpp's SHA-256 ("unknown" without it)."""
+    try:
+        return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "unknown"
+
+
 class CompiledQuantKernels(QuantKernels):
     """``torch.ops.<namespace>.wna16_linear`` / ``w8a8_linear`` on this module's layouts."""
 
     def __init__(self, namespace: str, name: str, int8_activations: bool = False,
-                 w8a8_as_blocks: bool = False) -> None:
+                 w8a8_as_blocks: bool = False, isa: str = "") -> None:
         self.namespace = namespace
         self.name = name
+        #: The measured linear choice's cache key part: a kernel change measures again.
+        self.version = f"{namespace}-{isa}-{source_hash()}"
         #: Whether dynamic W8A8 runs as ``wna8_linear`` blocks here (QuantKernels).
         self.w8a8_as_blocks = w8a8_as_blocks
         #: Whether ``wna8_linear`` is the fast weight-only path of this module's CPU
@@ -220,8 +268,22 @@ class CompiledQuantKernels(QuantKernels):
                          ) -> torch.Tensor:
         return packed_rows(prepared, rows)
 
+    def weight_only_parts(self, prepared: PackedWeightOnly) -> WeightOnlyParts:
+        return unpack_weight_only(prepared)
+
     def prepare_w8a8(self, w: Int8Weights) -> PackedW8A8:
         return pack_w8a8(w)
+
+    def int8_activations_of(self, x: torch.Tensor, prepared: PackedW8A8
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        op = getattr(getattr(torch.ops, self.namespace), "quantize_rows", None)
+        if op is None:  # a module built before quantize_rows joined quant_linear.cpp
+            return super().int8_activations_of(x, prepared)
+        return op(x, prepared.input_scale, prepared.input_zero_point)
+
+    def int8_weights(self, prepared: PackedW8A8) -> Int8Weights:
+        """The int8 values with K padded to a multiple of 4 by zero columns."""
+        return unpack_w8a8(prepared, prepared.weight.shape[1] * 4)
 
     def w8a8(self, x: torch.Tensor, prepared: PackedW8A8, bias: torch.Tensor | None
              ) -> torch.Tensor:

@@ -117,6 +117,9 @@ class LinearBase(nn.Module):
         self.method = parts.linear_method(prefix)
         self.input_size = input_size
         self.output_sizes = list(output_sizes)
+        #: The model dtype: what activations arrive in (a quantized layer's weights do not
+        #: say, and its linear-choice candidates need it).
+        self.params_dtype = parts.dtype
         self.method.create_weights(self, input_size, self.output_sizes, parts.dtype)
         if bias:
             b = nn.Parameter(torch.empty(sum(self.output_sizes), dtype=parts.dtype),

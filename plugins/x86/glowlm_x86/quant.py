@@ -50,8 +50,9 @@ class X86QuantKernels(CompiledQuantKernels):
     avx512), so GGUF layers multiply int8 activations with vpmaddubsw by default (4-bit
     decode ~2-3x the fp32 path's instructions per weight byte fewer)."""
 
-    def __init__(self, int8_activations: bool = False, w8a8_as_blocks: bool = False) -> None:
-        super().__init__("glowlm_x86", "x86", int8_activations, w8a8_as_blocks)
+    def __init__(self, int8_activations: bool = False, w8a8_as_blocks: bool = False,
+                 isa: str = "") -> None:
+        super().__init__("glowlm_x86", "x86", int8_activations, w8a8_as_blocks, isa)
 
 
 #: ISAs whose weight-only fast path is int8 activations: vpmaddubsw, and no vdpbf16ps
@@ -68,7 +69,8 @@ _BY_ISA: dict[str, X86QuantKernels] = {}
 def kernels_for_isa(isa: str) -> X86QuantKernels:
     """The kernel set of the module built for ``isa`` (one object per ISA)."""
     if isa not in _BY_ISA:
-        _BY_ISA[isa] = X86QuantKernels(isa in INT8_ACTIVATION_ISAS, isa in W8A8_AS_BLOCKS_ISAS)
+        _BY_ISA[isa] = X86QuantKernels(isa in INT8_ACTIVATION_ISAS, isa in W8A8_AS_BLOCKS_ISAS,
+                                      isa)
     return _BY_ISA[isa]
 SOURCE = "quant_linear.cpp"
 _lock = threading.Lock()

@@ -15,7 +15,8 @@ reference for the output check, and kept unless another is faster by more than
 1. the layer's :class:`~glowlm.layers.linear.LinearMethod`:
    ``method.linear_candidates(layer)`` (x86: glowlm's kernels, oneDNN on a packed
    weight, ``F.linear``; Zen: zentorch first; core's dense method: ``F.linear`` and
-   oneDNN; a quantized method: its own kernels);
+   oneDNN; a quantized method: its kernel set's matmul, then torch's int8 / int4
+   GEMMs of the same arithmetic, :mod:`glowlm.layers.quantization.candidates`);
 2. the platform: ``Platform.linear_candidates(layer)`` — how a plugin (including a
    third-party platform subclassing another) adds one without touching the method.
 

@@ -44,7 +44,9 @@ class _Site:
             n, k = sum(self.module.output_sizes), self.module.input_size
         else:
             n, k = w.shape  # type: ignore[union-attr]
-        dtype = str(w.dtype).removeprefix("torch.") if isinstance(w, torch.Tensor) else "?"
+        # A quantized layer has no dense weight: its activations' (the model's) dtype.
+        dt = w.dtype if isinstance(w, torch.Tensor) else getattr(self.module, "params_dtype", None)
+        dtype = str(dt).removeprefix("torch.") if dt is not None else "?"
         bias = getattr(self.module, "bias", None) is not None
         names = ",".join(c.name for c in self.candidates)
         return (f"{self.kind}:{type(self.method).__name__}:{n}x{k}:{dtype}:"

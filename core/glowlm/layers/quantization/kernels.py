@@ -67,6 +67,21 @@ class Int8Weights:
     input_zero_point: int = 0       #: static asymmetric activations only
 
 
+@dataclass
+class WeightOnlyParts:
+    """A prepared weight-only weight read back as ``w = scale · q − zs`` per group: the
+    form another implementation of the same matmul starts from (the measured linear
+    choice's candidates, :mod:`glowlm.layers.quantization.candidates`). ``zs`` is
+    ``zero · scale`` exactly as the kernels hold it (no division back to ``zero``)."""
+
+    q: torch.Tensor                 #: uint8 [N, K], in the kernels' column order (``perm``)
+    scales: torch.Tensor            #: float32 [N, K // group_size]
+    zs: torch.Tensor                #: float32 [N, K // group_size]
+    bits: int
+    group_size: int
+    perm: torch.Tensor | None = None
+
+
 def quantize_activations(x: torch.Tensor, input_scale: float | None, zero_point: int
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] float -> (int values as float32 [M, K], per-row scale float32 [M, 1]).
@@ -177,8 +192,29 @@ class QuantKernels:
              * w.scales.index_select(0, rows).repeat_interleave(g, 1))
         return unpermute_columns(y, w.perm)
 
+    def weight_only_parts(self, prepared: Any) -> WeightOnlyParts:
+        """A prepared weight-only weight as :class:`WeightOnlyParts` (a subclass whose
+        ``prepare_weight_only`` repacks reads its own layout back)."""
+        w: WeightOnlyInt = prepared
+        return WeightOnlyParts(w.q, w.scales.float(), (w.zeros * w.scales).float(), w.bits,
+                               w.group_size, w.perm)
+
     def prepare_w8a8(self, w: Int8Weights) -> Any:
         return w
+
+    def int8_activations_of(self, x: torch.Tensor, prepared: Any
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` [M, K] as :meth:`w8a8` quantizes it for ``prepared``: int8 [M, K] and
+        float32 scales [M, 1] (:func:`quantize_activations`' integers)."""
+        w = self.int8_weights(prepared)
+        q, scale = quantize_activations(x, w.input_scale, w.input_zero_point)
+        return q.to(torch.int8), scale
+
+    def int8_weights(self, prepared: Any) -> Int8Weights:
+        """A prepared W8A8 weight as the canonical :class:`Int8Weights` (the same int8
+        values, scales and activation rule), for other implementations of its integer
+        products. A subclass whose ``prepare_w8a8`` repacks reads its layout back."""
+        return prepared
 
     def w8a8(self, x: torch.Tensor, prepared: Any, bias: torch.Tensor | None) -> torch.Tensor:
         w: Int8Weights = prepared

@@ -10,6 +10,7 @@ kernels to repack once, and drops the checkpoint-shaped parameters.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -24,6 +25,9 @@ from glowlm.layers.quantization.kernels import (
     int8_weights_as_blocks,
 )
 from glowlm.logger import init_logger
+
+if TYPE_CHECKING:
+    from glowlm.layers.linear_choice import LinearCandidate
 
 logger = init_logger("glowlm.quantization")
 
@@ -173,6 +177,14 @@ class QuantLinearMethod(LinearMethod):
             layer.quant_weight = self.kernels.prepare_w8a8(canon)
         else:
             layer.quant_weight = self.kernels.prepare_weight_only(canon)
+
+    def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
+        """This method's kernels first, then torch's implementations of the same
+        arithmetic where they run the layer (:mod:`.candidates`); the measured linear
+        choice times them per shape and token class."""
+        from glowlm.layers.quantization.candidates import quant_candidates
+
+        return quant_candidates(self, layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
               ) -> torch.Tensor:

@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -759,6 +760,27 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
   return finish(out, n, bias, x.scalar_type());
 }
 
+// The activations of w8a8_linear as int8 values and per-row scales, for another int8
+// GEMM over the same weights (the measured linear choice's torch._int_mm candidate):
+// quantize_row's bytes minus 128, so the integers are exactly the ones w8a8_linear sums.
+std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, double input_scale,
+                                                 int64_t input_zp) {
+  TORCH_CHECK(x.dim() == 2, "quantize_rows: x must be [M, K]");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  const float* xp = xf.data_ptr<float>();
+  uint8_t* qp = reinterpret_cast<uint8_t*>(q.data_ptr<int8_t>());
+  float* sp = scale.data_ptr<float>();
+  parallel_chunks(M, [&](int64_t m) {
+    uint8_t* row = qp + m * K;
+    sp[m] = quantize_row(xp + m * K, K, K, input_scale, input_zp, row);
+    for (int64_t k = 0; k < K; ++k) row[k] ^= 0x80;  // u8 = q + 128 -> int8 q
+  });
+  return {q, scale};
+}
+
 // ------------------------------------------- weight-only x int8 activations (wna8)
 //
 // The same weight-only weights with the activations quantized to int8 per block of 32
@@ -1235,10 +1257,12 @@ GLOWLM_QUANT_FRAGMENT(GLOWLM_OPS_NAMESPACE, m) {
         " int input_zp, int n, Tensor? bias) -> Tensor");
   m.def("wna8_linear(Tensor x, Tensor weight, Tensor scales, Tensor zs, int bits,"
         " int group_size, int n, Tensor? bias) -> Tensor");
+  m.def("quantize_rows(Tensor x, float input_scale, int input_zp) -> (Tensor, Tensor)");
 }
 
 GLOWLM_QUANT_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("wna16_linear", &glowlm::wna16_linear);
   m.impl("w8a8_linear", &glowlm::w8a8_linear);
   m.impl("wna8_linear", &glowlm::wna8_linear);
+  m.impl("quantize_rows", &glowlm::quantize_rows);
 }
