@@ -20,10 +20,14 @@ PACKAGES = sorted(p for p in [*ROOT.glob("plugins/*/glowlm_*"), *ROOT.glob("exam
                               *ROOT.glob("kernels/glowlm_*")] if p.is_dir())
 TEST_DIRS = sorted([*ROOT.glob("plugins/*/tests"), *ROOT.glob("plugins/*/tools"),
                     *ROOT.glob("examples/*/tests"), *ROOT.glob("kernels/tests")])
-#: Plugin tests of core's measured linear choice with the plugin's candidates: they test
-#: that core module itself, so they may import it (and nothing else private).
+#: Plugin tests of core's measured linear choice with the plugin's candidates (dense, and
+#: the quantized layers' candidates on the plugin's compiled kernels): they test those core
+#: modules themselves, so they may import them (and nothing else private).
 INTEGRATION = {("plugins/x86/tests/test_linear_choice_x86.py", "glowlm.layers"),
-               ("plugins/zen/tests/test_zentorch_linear.py", "glowlm.layers.linear_choice")}
+               ("plugins/zen/tests/test_zentorch_linear.py", "glowlm.layers.linear_choice"),
+               *(("plugins/x86/tests/test_quant_candidates.py", module) for module in (
+                   "glowlm.layers", "glowlm.layers.quantization.candidates",
+                   "glowlm.layers.quantization.kernels", "glowlm.layers.quantization.method"))}
 PUBLIC = "glowlm.plugin_api"
 TEST_KIT = "glowlm.testing"
 OFFLINE_API = {"LLM", "SamplingParams", "__version__"}

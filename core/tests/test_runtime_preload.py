@@ -136,11 +136,11 @@ import torch
 from glowlm.runtime import preload
 tuned = preload.tune_glibc_malloc()
 faults = []
-for _ in range(12):                      # 64 MiB, freed at once, again and again
+for _ in range(24):                      # 64 MiB, freed at once, again and again
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.empty(16 << 20, dtype=torch.float32).fill_(1)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(tuned, max(faults[-4:]), preload.describe(), faults)  # once the heap has settled
+print(tuned, sorted(faults[-8:])[4], preload.describe(), faults)  # most, once settled
 """
 
 
@@ -150,9 +150,11 @@ print(tuned, max(faults[-4:]), preload.describe(), faults)  # once the heap has 
 def test_glibc_malloc_tuning_reuses_freed_blocks(opt_out: str) -> None:
     """Tuned, a freed 64 MiB block is reused: allocating it again costs no page faults
     (16,384 4 KiB faults untuned, as glibc unmapped it). Not from the first repeat: torch
-    asks for 64-byte aligned blocks, and until the freed ones coalesce a new request
-    may not fit the last one freed, so the heap takes up to ~5 such blocks first. Run
-    in a child: the tuning changes the whole process, and tcmalloc must not be
+    asks for 64-byte aligned blocks, and until the freed ones coalesce a new request may
+    not fit the last one freed, so the heap takes several such blocks first, and now and
+    then one more later (CI saw one at the 9th of 12). So the figure is the 5th smallest
+    of the last 8 repeats: tuned, most of them fault nothing in; untuned, every one does.
+    Run in a child: the tuning changes the whole process, and tcmalloc must not be
     preloaded there."""
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env["GLOWLM_NO_MALLOC_TUNING"] = opt_out
@@ -164,4 +166,4 @@ def test_glibc_malloc_tuning_reuses_freed_blocks(opt_out: str) -> None:
         assert faults > 4000, line         # glibc unmapped every block: faulted in again
     else:
         assert tuned and "tuned to keep freed blocks" in line, line
-        assert faults < 1000, line         # reused: no block faulted in again
+        assert faults < 1000, line         # reused: most blocks not faulted in again

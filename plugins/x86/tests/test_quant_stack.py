@@ -33,6 +33,7 @@ def test_quantized_layers_run_in_the_stack_op_and_match_the_module_path(
     monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE", "1")
     monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", int8)
+    monkeypatch.setenv("GLOWLM_LINEAR_IMPL", "default")  # each layer's method: the stack
     path = write_tiny_gguf(make_tiny_model("mistral", tmp_path / "hf"), tmp_path / "m.gguf",
                            qtype)
     llm = LLM(str(path), platform="x86", dtype=dtype, enable_prefix_caching=False,
@@ -69,7 +70,8 @@ FIXTURES = Path(__file__).resolve().parents[3] / "core" / "tests" / "fixtures" /
 
 @pytest.mark.parametrize("name", ["w8a8-dynamic", "w8a8-static-tensor", "w4a16-channel",
                                   "gptq-w4a16-g128", "w8a16-channel"])
-def test_checkpoint_layers_run_in_the_stack_op(name: str) -> None:
+def test_checkpoint_layers_run_in_the_stack_op(name: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The real llm-compressor / GPTQ fixtures, W8A8 (dynamic and static activation
     scales) among them: the stack op takes their layers and gives the module path's
     tokens and prompt log-probs (float32: the same kernels in the same order)."""
@@ -77,6 +79,7 @@ def test_checkpoint_layers_run_in_the_stack_op(name: str) -> None:
     from glowlm import LLM, SamplingParams
     from glowlm.testing.tiny_models import SMALL_ENGINE
 
+    monkeypatch.setenv("GLOWLM_LINEAR_IMPL", "default")  # a measured torch win drops the stack
     llm = LLM(str(FIXTURES / name), platform="x86", dtype="float32",
               enable_prefix_caching=False, **SMALL_ENGINE)
     model = llm.engine.runner.model.model
