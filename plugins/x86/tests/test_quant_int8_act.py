@@ -47,7 +47,7 @@ def _weights(bits: int, n: int, k: int, group: int, symmetric: bool, seed: int,
     return WeightOnlyInt(q, scales, zeros, bits, group, act_block=32)
 
 
-@pytest.mark.parametrize("m", (1, 2, 3, 4, 5, 9, 70))
+@pytest.mark.parametrize("m", (1, 2, 3, 4, 5, 9, 12, 70))
 @pytest.mark.parametrize("bits, n, k, group", [(4, 40, 64, 32), (4, 64, 256, 128),
                                                (4, 48, 96, 16), (8, 48, 128, 32),
                                                (8, 32, 64, 16), (8, 40, 256, 64)])
@@ -96,9 +96,10 @@ def test_int8_activations_extreme_sums_are_exact(kernels, bits: int, group: int)
     w = WeightOnlyInt(q, scales, zeros, bits, group, act_block=32)
     p = kernels.prepare_weight_only(w)
     for sign in (1.0, -1.0):
-        x = torch.full((2, k), sign)
-        want = REFERENCE_KERNELS.weight_only(x, w, None)
-        assert torch.equal(kernels.weight_only(x, p, None), want)
+        for rows in (2, 8):  # decode's tiles; prefill's (the 8-row VNNI tile there)
+            x = torch.full((rows, k), sign)
+            want = REFERENCE_KERNELS.weight_only(x, w, None)
+            assert torch.equal(kernels.weight_only(x, p, None), want)
 
 
 def test_tiny_activation_blocks_are_zeros(kernels) -> None:

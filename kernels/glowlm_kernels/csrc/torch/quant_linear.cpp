@@ -946,69 +946,12 @@ inline __m256i bcast32(const int8_t* p) {
 // bytes at 4 bits: 4.6 KiB at K = 576) that the hardware prefetchers barely ramp up on.
 constexpr int64_t kWna8Ahead = 2048;
 
-#if defined(__AVX512F__)
-// run4 with AVX512_VNNI (Ice Lake, Zen 4/5, Sapphire Rapids): vpdpbusd multiplies 4
-// unsigned bytes by 4 signed ones and adds them to an int32 lane in one instruction, where
-// vpmaddubsw makes int16 pairs that need an add and, every 16 columns, a widening. Its 4
-// bytes must be one row's 4 columns: a unit's low nibbles hold (r, k), (r, k + 1) as one
-// 16-bit word and its high nibbles (r, k + 2), (r, k + 3), so interleaving the two by
-// words (vpunpck[lh]wd) gives rows 0-3 | 8-11 and 4-7 | 12-15, one int32 lane per row,
-// put back in order once per run. Per unit and MT token rows: 5 + 3 MT instructions
-// against 3 + 6 MT (+ the widening): prefill's 4-row tiles, which are bound by them, do
-// ~40 % fewer. The sums are the same exact integers, so the results are identical.
-// bench_quant w4 a8, Ice Lake guest, 2 threads, two rounds, llama-1b shapes, M = 4:
-// 40-50 % of a plain read -> 48-62 % (16384 x 2048: 1,520 -> 1,272 us per call).
-template <int MT, int NB>
-__attribute__((target("avx512vnni"), noinline)) void run4_vnni(
-    const int8_t* xq, int64_t K, const uint8_t* w, int64_t block_bytes, int64_t b0,
-    int64_t bs, int64_t k0, int64_t rc, __m256i (&i32)[MT][NB][2]) {
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  __m256i acc[MT][NB][2];
-  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
-    GLOWLM_UNROLL for (int i = 0; i < NB; ++i) acc[m][i][0] = acc[m][i][1] =
-        _mm256_setzero_si256();
-  for (int64_t k = k0; k < k0 + rc; k += 4) {
-    if ((k & 15) == 0)  // 16 columns: 128 bytes of each block, 2 lines
-      GLOWLM_UNROLL for (int i = 0; i < NB; ++i)
-        GLOWLM_UNROLL for (int j = 0; j < 2; ++j)
-          vec::prefetch(w + (b0 + i * bs) * block_bytes + k * 8 + 64 * j + kWna8Ahead);
-    __m256i wa[NB], wb[NB];
-    GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
-      const __m256i v = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(w + (b0 + i * bs) * block_bytes + k * 8));
-      const __m256i lo = _mm256_and_si256(v, mask);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-      wa[i] = _mm256_unpacklo_epi16(lo, hi);  // rows 0-3 | 8-11, columns k..k+3
-      wb[i] = _mm256_unpackhi_epi16(lo, hi);  // rows 4-7 | 12-15
-    }
-    GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
-      const __m256i xv = bcast32(xq + m * K + k);
-      GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
-        acc[m][i][0] = _mm256_dpbusd_epi32(acc[m][i][0], wa[i], xv);
-        acc[m][i][1] = _mm256_dpbusd_epi32(acc[m][i][1], wb[i], xv);
-      }
-    }
-  }
-  GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
-    GLOWLM_UNROLL for (int i = 0; i < NB; ++i) {
-      const __m256i a = acc[m][i][0], b = acc[m][i][1];
-      i32[m][i][0] = _mm256_add_epi32(i32[m][i][0], _mm256_permute2x128_si256(a, b, 0x20));
-      i32[m][i][1] = _mm256_add_epi32(i32[m][i][1], _mm256_permute2x128_si256(a, b, 0x31));
-    }
-}
-#endif
 
 // One run of rc columns (k0 ...) of 4-bit weights into i32 (rows 0-7, 8-15 of each
 // block): every 16 columns, 4 units of int16 sums (at most 30 480), widened to int32.
 template <int MT, int NB>
 inline void run4(const int8_t* xq, int64_t K, const uint8_t* w, int64_t block_bytes,
                  int64_t b0, int64_t bs, int64_t k0, int64_t rc, __m256i (&i32)[MT][NB][2]) {
-#if defined(__AVX512F__)
-  // Prefill's 4-row tiles only: at one token row the run is memory bound and the VNNI
-  // run measured 3-7 % slower (613 -> 637 us at 16384 x 2048), at 4 rows 15-22 % faster.
-  if (MT >= 4 && has_vnni())
-    return run4_vnni<MT, NB>(xq, K, w, block_bytes, b0, bs, k0, rc, i32);
-#endif
   const __m256i mask = _mm256_set1_epi8(0x0F);
   for (int64_t h = k0; h < k0 + rc; h += 16) {
     __m256i s16[MT][NB];
@@ -1108,6 +1051,59 @@ void wna8_tile(const int8_t* xq, const float* xd, const float* xs, int64_t K, in
   }
   store_rows<MT, NB>(yv, b0, bs, out, ldo);
 }
+#if defined(__AVX512F__)
+// Prefill's 4-bit tiles on AVX512_VNNI CPUs (Ice Lake, Zen 4/5, Sapphire Rapids): MT token
+// rows x one block of 16 rows, 512-bit vpdpbusd (4 unsigned weight bytes times 4 signed
+// activation bytes into one int32 lane). Its 4 bytes must be one row's 4 columns; a
+// unit's 16-bit word r holds row r's columns k, k + 1 (low nibbles) and k + 2, k + 3
+// (high), so widening the words to int32 lanes (vpmovzxwd) and one vpternlogd of the
+// lane and the lane << 12 under 0x0F0F0F0F puts lane r's bytes in column order: 3
+// instructions per unit give all 16 rows for every token row of the tile, and the sums
+// come out in row order (no lane fix-up). Per unit and 8 token rows: 3 + 8 instructions,
+// where the 256-bit run it replaces took 5 + 3 per row (5 + 24 for 8) and vpmaddubsw
+// 3 + 6 per row. The sums are the same exact integers, so the results are identical.
+// bench_quant w4 a8, Ice Lake guest, 2 threads, llama-1b shapes: see docs/kernels.md.
+template <int MT, typename S>
+__attribute__((target("avx512vnni"), noinline)) void wna8_tile4_vnni(
+    const int8_t* xq, const float* xd, const float* xs, int64_t K, int64_t G, int64_t group,
+    const uint8_t* w, const GroupScales<S>& gsc, int64_t b, float* out, int64_t ldo) {
+  const int64_t nb = K / kActBlock, rc = run_cols(group);
+  const uint8_t* wb = w + b * K * kRows / 2;
+  const __m512i nibbles = _mm512_set1_epi32(0x0F0F0F0F);
+  float yv[MT][kRows];
+  GLOWLM_UNROLL for (int m = 0; m < MT; ++m) vec::store(yv[m], vec::zero());
+  for (int64_t g = 0; g < G; ++g) {
+    VecF a[MT][1];
+    GLOWLM_UNROLL for (int m = 0; m < MT; ++m) a[m][0] = vec::zero();
+    gsc.prefetch(b, g + 2);
+    for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += rc) {
+      __m512i acc[MT];
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_si512();
+      for (int64_t k = k0; k < k0 + rc; k += 4) {
+        if ((k & 15) == 0)  // 16 columns: 128 bytes, 2 lines
+          GLOWLM_UNROLL for (int j = 0; j < 2; ++j)
+            vec::prefetch(wb + k * 8 + 64 * j + kWna8Ahead);
+        const __m512i d = _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 8)));
+        // (d | d << 12) & 0x0F0F0F0F: bytes lo(2r), lo(2r + 1), hi(2r), hi(2r + 1).
+        const __m512i wv = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), nibbles,
+                                                     0xA8);
+        GLOWLM_UNROLL for (int m = 0; m < MT; ++m) {
+          int32_t xv;
+          std::memcpy(&xv, xq + m * K + k, 4);
+          acc[m] = _mm512_dpbusd_epi32(acc[m], wv, _mm512_set1_epi32(xv));
+        }
+      }
+      GLOWLM_UNROLL for (int m = 0; m < MT; ++m)
+        a[m][0] = vec::fmadd(vec::set1(xd[m * nb + k0 / kActBlock]),
+                             {_mm512_cvtepi32_ps(acc[m])}, a[m][0]);
+    }
+    gsc.template apply<MT, 1>(b, 1, g, 0.0f, a, xs, yv);
+  }
+  store_rows<MT, 1>(yv, b, 1, out, ldo);
+}
+#endif
+
 #endif
 
 // Any ISA: the same integer sums in plain loops, one block, one token row at a time.
@@ -1161,6 +1157,20 @@ void wna8_run(const int8_t* xq, const float* xd, const float* xs, int64_t M, int
     int64_t m = m0;
     const int64_t end = m0 + mn;
     if constexpr (NB == 1) {
+#if defined(__AVX512F__)
+      if constexpr (BITS == 4) {
+        auto vnni = [&](auto mtc) {
+          constexpr int MT = decltype(mtc)::value;
+          wna8_tile4_vnni<MT>(xq + m * K, xd + m * nb, xs + m * G, K, G, group, w, gsc, b0,
+                              out + m * npad, npad);
+          m += MT;
+        };
+        if (has_vnni()) {
+          while (m + 8 <= end) vnni(std::integral_constant<int, 8>{});
+          if (m + 4 <= end) vnni(std::integral_constant<int, 4>{});
+        }
+      }
+#endif
       for (; m + 4 <= end; m += 4) tile(std::integral_constant<int, 4>{}, m);
     }
     for (; m + 2 <= end; m += 2) tile(std::integral_constant<int, 2>{}, m);
