@@ -123,6 +123,7 @@ from glowlm.platforms.interface import (
 )
 from glowlm.plugins.hookspecs import API_ATTRIBUTE, PLUGIN_API_VERSION, hookimpl
 from glowlm.plugins.manager import ENTRY_POINT_GROUP
+from glowlm.runtime.hugepages import mapped_zeros
 
 
 def live_host() -> HostInfo:
@@ -160,6 +161,7 @@ __all__ = [
     "WeightOnlyInt", "WeightOnlyParts", "core_env", "decoder_layer_op", "decoder_stack_op",
     "dtype_name",
     "from_dump", "from_files", "hookimpl", "init_logger", "kv_bytes_per_token", "live_host",
+    "mapped_zeros",
     "onednn_candidates", "parse_bool", "parse_choice", "parse_dtype", "parse_int", "parse_str",
     "prune_rows",
     "quantization_for_platform", "reference_ops", "register_model", "rope_settings",

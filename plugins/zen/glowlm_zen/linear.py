@@ -80,10 +80,13 @@ class ZentorchLinearMethod(UnquantizedLinearMethod):
     """
 
     def __init__(self, prepack: bool = True, measured: bool = False,
-                 glowlm: LinearCandidate | None = None, policy: object | None = None) -> None:
+                 glowlm: LinearCandidate | None = None, policy: object | None = None,
+                 extra: tuple[LinearCandidate, ...] = ()) -> None:
         self.prepack = prepack
         self.measured = measured
         self.glowlm = glowlm
+        #: The x86 plugin's other candidates (its pair-packed bf16 GEMM where it runs).
+        self.extra = extra
         #: The GEMV/GEMM policy of the x86 fused ops (glowlm_x86.platform.ops), which a
         #: Zen engine runs where the measured choice picked glowlm's kernels.
         self.policy = policy
@@ -159,8 +162,8 @@ class ZentorchLinearMethod(UnquantizedLinearMethod):
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
-        """zentorch (the default), glowlm's kernels when the platform gave them, oneDNN
-        on a packed weight, ``F.linear``."""
+        """zentorch (the default), glowlm's kernels when the platform gave them (and the
+        pair-packed bf16 GEMM where it runs), oneDNN on a packed weight, ``F.linear``."""
         out: list[LinearCandidate] = []
         if self._linear is not None and self._prepack is not None:
             out.append(LinearCandidate(
@@ -169,5 +172,5 @@ class ZentorchLinearMethod(UnquantizedLinearMethod):
                 release=self.drop_copy, copy_bytes=self.copy_bytes))
         if self.glowlm is not None:
             out.append(self.glowlm)
-        out += [*onednn_candidates(), TORCH_LINEAR]
+        out += [*self.extra, *onednn_candidates(), TORCH_LINEAR]
         return out

@@ -103,10 +103,16 @@ class ZenPlatform(X86Platform):
         library = self.kernels() if measured else None
         if library is None:
             return ZentorchLinearMethod(prepack=self.weight_prepack, measured=measured)
-        from glowlm_x86.kernels.linear import GemmPolicy, glowlm_candidate
+        from glowlm_x86.kernels.linear import (
+            GemmPolicy,
+            glowlm_candidate,
+            pairs_available,
+            pairs_candidate,
+        )
 
         policy = GemmPolicy()
+        extra = (pairs_candidate(library.name),) if pairs_available() else ()
         return ZentorchLinearMethod(prepack=self.weight_prepack, measured=True,
                                     glowlm=glowlm_candidate(policy, library.name),
-                                    policy=policy)
+                                    policy=policy, extra=extra)
 

@@ -38,11 +38,13 @@ class TokenClass:
 #: Decode of one or two sequences, of a few (a server at concurrency ~8), batched decode
 #: (~32 sequences), prefill chunks (hundreds of tokens). Bounds lie between the timed
 #: row counts. "small" is its own class because the winners differ there: glowlm's
-#: GEMV streams weights fastest at one row, while a packed oneDNN GEMM already wins at
-#: 4-8 rows on an AVX512-BF16 host (docs/performance.md).
+#: GEMV streams weights fastest at one row, while packed GEMMs already win at 4-8 rows
+#: on an AVX512-BF16 host (docs/performance.md). "small" is timed at 8 rows, a server
+#: at concurrency 8: timed at 6 it picked oneDNN, whose GEMM has a fast path at 6 rows
+#: that it loses at 8 (16384 x 2048 bf16, Zen 4 guest: 2.3 ms at 6, 3.0-3.4 ms at 8).
 TOKEN_CLASSES: tuple[TokenClass, ...] = (
     TokenClass("decode", 1, 2, pass_layers=8),
-    TokenClass("small", 6, 16, pass_layers=4),
+    TokenClass("small", 8, 16, pass_layers=4),
     TokenClass("batch", 32, 96, pass_layers=2),
     TokenClass("prefill", 256, None, pass_layers=1),
 )
