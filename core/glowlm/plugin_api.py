@@ -23,7 +23,8 @@ What is here, by concern:
 - parts: :class:`AttentionBackend` with :class:`AttentionMetadata` and
   :class:`AttentionLayerSpec`, :class:`LinearMethod` with the measured choice's
   :class:`LinearCandidate` (and :data:`TORCH_LINEAR`, :data:`ONEDNN_LINEAR` with
-  :func:`onednn_candidates`), :class:`OpsTable`, the fused
+  :func:`onednn_candidates`; :func:`mapped_zeros` for a candidate's own copy of a
+  weight in huge pages), :class:`OpsTable`, the fused
   layer contract (:class:`DecoderLayerWeights` and the OPT/GPT-2 and Llama-family
   forms), and core's references (:class:`ReferenceAttentionBackend`,
   :class:`UnquantizedLinearMethod`, :data:`REFERENCE_OPS`, :mod:`reference_ops`);

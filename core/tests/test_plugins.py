@@ -248,13 +248,14 @@ def test_an_undecorated_hook_is_an_error_not_a_silent_no_op(install_plugins: Ins
     assert "glowlm_platforms is not decorated with @hookimpl" in bare.reason
 
 
-@pytest.mark.parametrize("declared, ok", [("1.0", True), ('"1.0"', True), ("2.0", False),
-                                          ("1.99", False), ("one", False)])
+@pytest.mark.parametrize("declared, ok", [("1.0", True), ('"1.0"', True), ("1.1", True),
+                                          ("1.2", False), ("2.0", False), ("1.99", False),
+                                          ("one", False)])
 def test_the_plugin_api_version_is_checked_at_discovery(install_plugins: Install,
                                                         declared: str, ok: bool) -> None:
     from glowlm.plugins.hookspecs import PLUGIN_API_VERSION
 
-    assert PLUGIN_API_VERSION == "1.0"
+    assert PLUGIN_API_VERSION == "1.1"
     value = declared if declared.startswith('"') else repr(declared)
     install_plugins(good=platform_module("good", 0),
                     versioned=platform_module("versioned", 5, api=value))
@@ -385,5 +386,5 @@ def test_a_plugin_that_declares_no_api_version_is_refused_with_the_fix(
     old = next(c for c in gather_candidates(load_plugins(), HOST) if c.plugin == "old")
     assert not old.matched
     assert old.reason == ('plugin failed: declares no plugin API version (set '
-                          'GLOWLM_PLUGIN_API = "1.0" in its entry-point module once it is '
+                          'GLOWLM_PLUGIN_API = "1.1" in its entry-point module once it is '
                           'built against this API)')

@@ -70,7 +70,7 @@ def glowlm_models() -> dict:
 #: literal in its entry-point module (``GLOWLM_PLUGIN_API = "1.0"``); discovery accepts
 #: the same MAJOR with a MINOR no newer than this one. Adding to the API bumps MINOR;
 #: changing or removing anything bumps MAJOR.
-PLUGIN_API_VERSION = "1.0"
+PLUGIN_API_VERSION = "1.1"  # 1.1: mapped_zeros
 
 #: The module attribute a plugin declares its API version in.
 API_ATTRIBUTE = "GLOWLM_PLUGIN_API"

@@ -13,7 +13,7 @@ from glowlm_x86.platform import X86Platform
 from glowlm_x86.settings import SETTINGS
 
 #: The glowlm plugin API this plugin is built for (checked at discovery).
-GLOWLM_PLUGIN_API = "1.0"
+GLOWLM_PLUGIN_API = "1.1"
 
 
 @hookimpl
