@@ -7,7 +7,7 @@ private and may change in any release; what is here changes only with
 one the major version. A plugin declares the version it was built for as a literal
 in its entry-point module::
 
-    GLOWLM_PLUGIN_API = "1.0"
+    GLOWLM_PLUGIN_API = "1.1"
 
 and discovery refuses a plugin whose major version differs or whose minor version
 is newer than this glowlm's, with one line saying which to upgrade

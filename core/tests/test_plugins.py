@@ -263,7 +263,7 @@ def test_the_plugin_api_version_is_checked_at_discovery(install_plugins: Install
     assert cand.matched is ok
     if declared == "2.0":
         assert cand.reason == (
-            "plugin failed: was built for glowlm plugin API 2.0, but this glowlm provides 1.0: "
+            "plugin failed: was built for glowlm plugin API 2.0, but this glowlm provides 1.1: "
             "install a release of the plugin built for API 1.x, or a glowlm that provides 2.0")
     elif not ok:
         assert "plugin API" in cand.reason and "\n" not in cand.reason

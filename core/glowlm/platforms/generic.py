@@ -17,7 +17,7 @@ from glowlm.platforms.interface import Capabilities, Match, Platform
 from glowlm.plugins.hookspecs import hookimpl
 
 #: Core's own platform is built for the API it ships (checked like any plugin's).
-GLOWLM_PLUGIN_API = "1.0"
+GLOWLM_PLUGIN_API = "1.1"
 
 
 class GenericCpuPlatform(Platform):

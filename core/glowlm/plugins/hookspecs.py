@@ -67,7 +67,7 @@ def glowlm_models() -> dict:
 
 #: The plugin API this glowlm provides, ``"MAJOR.MINOR"``: what ``glowlm.plugin_api``
 #: exports and the hooks above. A plugin declares the version it was built for as a
-#: literal in its entry-point module (``GLOWLM_PLUGIN_API = "1.0"``); discovery accepts
+#: literal in its entry-point module (``GLOWLM_PLUGIN_API = "1.1"``); discovery accepts
 #: the same MAJOR with a MINOR no newer than this one. Adding to the API bumps MINOR;
 #: changing or removing anything bumps MAJOR.
 PLUGIN_API_VERSION = "1.1"  # 1.1: mapped_zeros

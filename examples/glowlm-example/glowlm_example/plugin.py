@@ -13,7 +13,7 @@ from glowlm_example.platform import RANK, ExamplePlatform
 
 #: The glowlm plugin API this plugin is built for: a literal, checked at discovery
 #: against the glowlm that loads it (glowlm.plugin_api.PLUGIN_API_VERSION).
-GLOWLM_PLUGIN_API = "1.0"
+GLOWLM_PLUGIN_API = "1.1"
 
 
 @hookimpl

@@ -7,7 +7,7 @@ from glowlm.plugin_api import Platform, hookimpl
 from glowlm_arm.platform import ArmPlatform
 
 #: The glowlm plugin API this plugin is built for (checked at discovery).
-GLOWLM_PLUGIN_API = "1.0"
+GLOWLM_PLUGIN_API = "1.1"
 
 
 @hookimpl
