@@ -374,3 +374,30 @@ def test_onednn_candidate_matches_f_linear_and_holds_one_copy(dtype: torch.dtype
     x = torch.randn(5, 96, generator=g).to(dtype)
     torch.testing.assert_close(cand.apply(layer, x, layer.bias).double(),
                                F.linear(x.double(), w, b), **tol)
+
+
+@pytest.mark.parametrize("fused, other_time, want", [
+    (True, 0.92, "incumbent"),   # 8 % faster: within MARGIN + FUSED_MARGIN of a fused one
+    (True, 0.85, "other"),       # 15 % faster: beats both margins
+    (False, 0.92, "other"),      # 8 % faster than an unfused incumbent: beats MARGIN
+    (False, 0.97, "incumbent")])
+def test_a_fused_incumbent_needs_a_larger_win(fused: bool, other_time: float,
+                                              want: str) -> None:
+    """Leaving the kernel the fused stack runs switches the stack off for the class, so a
+    challenger must win by MARGIN + FUSED_MARGIN there (linear_choice.measure)."""
+    from glowlm.layers.linear_choice.measure import FUSED_MARGIN, MARGIN, measure
+
+    assert (MARGIN, MARGIN + FUSED_MARGIN) == (0.05, 0.10)
+    now = [0.0]
+
+    def cand(name: str, seconds: float, fused: bool = False) -> LinearCandidate:
+        def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+            now[0] += seconds
+            return F.linear(x, layer.weight, bias)
+        return LinearCandidate(name, "1", apply, fused=fused)
+
+    layer = nn.Linear(8, 4)
+    m = measure([cand("incumbent", 1.0, fused), cand("other", other_time)], [layer], 8,
+                torch.float32, 1, set(), clock=lambda: now[0])
+    assert m.winner == want

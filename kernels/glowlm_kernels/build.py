@@ -33,7 +33,7 @@ CSRC = Path(__file__).parent / "csrc"
 #: The torch module's translation units (the algorithms are headers under csrc/cpu).
 TORCH_SOURCES = tuple(f"torch/{name}" for name in (
     "registration.cpp", "norm_act.cpp", "rotary.cpp", "linear.cpp", "gemm.cpp",
-    "gemm_pairs.cpp", "attention.cpp", "fused_layer.cpp", "gemma_layer.cpp", "quant_linear.cpp",
+    "gemm_packed.cpp", "attention.cpp", "fused_layer.cpp", "gemma_layer.cpp", "quant_linear.cpp",
     "collective.cpp"))
 BUILD_INFO = "_kernels_build.json"
 #: Rough run-time (fallback) build time on a busy 2-vCPU machine (shown to the user).

@@ -85,7 +85,7 @@ class ZentorchLinearMethod(UnquantizedLinearMethod):
         self.prepack = prepack
         self.measured = measured
         self.glowlm = glowlm
-        #: The x86 plugin's other candidates (its pair-packed bf16 GEMM where it runs).
+        #: The x86 plugin's other candidates (its block-packed GEMM where it runs).
         self.extra = extra
         #: The GEMV/GEMM policy of the x86 fused ops (glowlm_x86.platform.ops), which a
         #: Zen engine runs where the measured choice picked glowlm's kernels.
@@ -163,7 +163,7 @@ class ZentorchLinearMethod(UnquantizedLinearMethod):
 
     def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
         """zentorch (the default), glowlm's kernels when the platform gave them (and the
-        pair-packed bf16 GEMM where it runs), oneDNN on a packed weight, ``F.linear``."""
+        block-packed GEMM where it runs), oneDNN on a packed weight, ``F.linear``."""
         out: list[LinearCandidate] = []
         if self._linear is not None and self._prepack is not None:
             out.append(LinearCandidate(

@@ -106,12 +106,12 @@ class ZenPlatform(X86Platform):
         from glowlm_x86.kernels.linear import (
             GemmPolicy,
             glowlm_candidate,
-            pairs_available,
-            pairs_candidate,
+            packed_available,
+            packed_candidate,
         )
 
         policy = GemmPolicy()
-        extra = (pairs_candidate(library.name),) if pairs_available() else ()
+        extra = (packed_candidate(library.name),) if packed_available() else ()
         return ZentorchLinearMethod(prepack=self.weight_prepack, measured=True,
                                     glowlm=glowlm_candidate(policy, library.name),
                                     policy=policy, extra=extra)

@@ -94,6 +94,7 @@ from glowlm.layers.linear_choice.candidates import (
     token_class,
 )
 from glowlm.layers.linear_choice.measure import (
+    FUSED_MARGIN,
     MARGIN,
     MAX_REL_ERROR,
     MEASURE_SECONDS,
@@ -109,7 +110,7 @@ if TYPE_CHECKING:
     from glowlm.platforms.host import HostInfo
     from glowlm.platforms.interface import Platform
 
-__all__ = ["LAST_PLAN", "MARGIN", "MAX_REL_ERROR", "MAX_SECONDS", "MEASURE_SECONDS",
+__all__ = ["FUSED_MARGIN", "LAST_PLAN", "MARGIN", "MAX_REL_ERROR", "MAX_SECONDS", "MEASURE_SECONDS",
            "ONEDNN_LINEAR", "REPEATS", "SCHEMA", "TOKEN_CLASSES", "TORCH_LINEAR",
            "ChosenLinearMethod",
            "LinearCandidate", "LinearPlan", "Measurement", "TokenClass", "cache_file",

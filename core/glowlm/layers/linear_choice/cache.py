@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 logger = init_logger("glowlm.layers.linear_choice")
 
 #: The file format of the cache; bump when the meaning of an entry changes.
-SCHEMA = 3  # 2: the "small" token class; 3: timed at 8 rows
+SCHEMA = 4  # 2: the "small" token class; 3: timed at 8 rows; 4: FUSED_MARGIN
 
 
 def host_key(host: HostInfo, threads: int) -> dict[str, object]:

@@ -3,7 +3,8 @@
 One warm-up pass (which also checks the output against the incumbent's), then at
 most :data:`REPEATS` timed passes over up to a few layers of the shape; the best
 pass counts, and the incumbent (the first candidate) keeps the shape unless another
-is faster by more than :data:`MARGIN`.
+is faster by more than :data:`MARGIN` (:data:`FUSED_MARGIN` more when the incumbent is
+the kernel the platform's fused ops run).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ logger = init_logger("glowlm.layers.linear_choice")
 
 #: The incumbent keeps a shape unless another candidate is this much faster (noise guard).
 MARGIN = 0.05
+#: More, where the incumbent is ``fused``: a layer that leaves it switches the fused
+#: stack off for that token class, which costs the Python between kernels the stack
+#: saves (~3 % of a decode step, docs/kernels.md). A Zen 4 guest's bf16 decode showed it:
+#: the block-packed GEMM tied glowlm's GEMV at one row, won one shape by noise, and the
+#: stack went off for the whole model.
+FUSED_MARGIN = 0.05
 #: Timed passes per candidate (after one warm-up), fewer when it is already losing.
 REPEATS = 5
 #: Past this many seconds of timed passes a candidate stops (after at least two).
@@ -97,6 +104,7 @@ def measure(candidates: Sequence[LinearCandidate], layers: Sequence[nn.Module],
     incumbent = us[candidates[0].name]
     assert incumbent is not None
     winner = min((n for n, t in us.items() if t is not None), key=lambda n: us[n])  # type: ignore[arg-type,return-value]
-    if us[winner] >= incumbent * (1 - MARGIN):  # type: ignore[operator]
+    margin = MARGIN + (FUSED_MARGIN if candidates[0].fused else 0.0)
+    if us[winner] >= incumbent * (1 - margin):  # type: ignore[operator]
         winner = candidates[0].name
     return Measurement(winner, us)

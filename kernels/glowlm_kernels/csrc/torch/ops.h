@@ -34,11 +34,11 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight,
                 const std::optional<at::Tensor>& bias);
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& weight,
                 const std::optional<at::Tensor>& bias);
-// gemm_pairs.cpp: the pair-packed bf16 GEMM (builds with a bf16 dot product; W, else 0).
-int64_t pairs_width();
-at::Tensor pack_pairs(const at::Tensor& weight);
-at::Tensor gemm_pairs(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                      const std::optional<at::Tensor>& bias);
+// gemm_packed.cpp: the block-packed GEMM (fp32; bf16 with a bf16 dot product).
+int64_t packed_width(at::ScalarType dtype);
+at::Tensor pack_blocks(const at::Tensor& weight);
+at::Tensor gemm_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                       const std::optional<at::Tensor>& bias);
 void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
               const at::Tensor& slot_mapping);
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache,

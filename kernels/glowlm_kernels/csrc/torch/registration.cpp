@@ -27,11 +27,12 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
   m.def("relu(Tensor x) -> Tensor");
   m.def("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemm(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
-  // The pair-packed bf16 GEMM (gemm_pairs.cpp): W lanes per block where the build has the
-  // pairwise bf16 dot product, else 0 (and the other two refuse).
-  m.def("pairs_width() -> int", &glowlm::pairs_width);
-  m.def("pack_pairs(Tensor weight) -> Tensor");
-  m.def("gemm_pairs(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
+  // The block-packed GEMM (gemm_packed.cpp): W lanes per block for the dtypes this build
+  // runs (float32; bfloat16 with the pairwise bf16 dot product), else 0 (and the other
+  // two refuse).
+  m.def("packed_width(ScalarType dtype) -> int", &glowlm::packed_width);
+  m.def("pack_blocks(Tensor weight) -> Tensor");
+  m.def("gemm_packed(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
   m.def("write_kv(Tensor(a!) kv_cache, Tensor key, Tensor value, Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables,"
         " Tensor query_start_loc, Tensor seq_lens, float scale) -> Tensor");
@@ -88,8 +89,8 @@ GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("relu", &glowlm::relu);
   m.impl("gemv", &glowlm::gemv);
   m.impl("gemm", &glowlm::gemm);
-  m.impl("pack_pairs", &glowlm::pack_pairs);
-  m.impl("gemm_pairs", &glowlm::gemm_pairs);
+  m.impl("pack_blocks", &glowlm::pack_blocks);
+  m.impl("gemm_packed", &glowlm::gemm_packed);
   m.impl("write_kv", &glowlm::write_kv);
   m.impl("paged_attention", &glowlm::paged_attention);
   m.impl("paged_attention_window", &glowlm::paged_attention_window);

@@ -79,63 +79,67 @@ def glowlm_candidate(policy: GemmPolicy, kernel_version: str) -> LinearCandidate
         _kernel_weight, fused=True)
 
 
-def _pairs_supports(layer: nn.Module) -> bool:
+def _packed_supports(layer: nn.Module) -> bool:
     w = getattr(layer, "weight", None)
-    return (isinstance(w, torch.Tensor) and w.dim() == 2 and w.layout == torch.strided
-            and w.dtype == torch.bfloat16 and w.shape[1] % 2 == 0)
+    if not (isinstance(w, torch.Tensor) and w.dim() == 2 and w.layout == torch.strided):
+        return False
+    if w.dtype == torch.bfloat16:
+        return w.shape[1] % 2 == 0 and ops.packed_width(w.dtype) > 0
+    return w.dtype == torch.float32
 
 
-def pairs_weight(layer: nn.Module) -> torch.Tensor:
-    """``layer``'s weight in the pair-packed layout (``ops.pack_pairs``), made on first use
-    and kept beside the plain weight (which the fused ops, tied embeddings and the other
-    candidates read). In its own mapping in huge pages, as the model's weights are: in
-    malloc's 4 KiB pages the same kernel streamed one token row ~25 % slower (TLB
+def packed_weight(layer: nn.Module) -> torch.Tensor:
+    """``layer``'s weight in the block-packed layout (``ops.pack_blocks``), made on first
+    use and kept beside the plain weight (which the fused ops, tied embeddings and the
+    other candidates read). In its own mapping in huge pages, as the model's weights are:
+    in malloc's 4 KiB pages the bf16 kernel streamed one token row ~25 % slower (TLB
     misses), and the measured choice then never picked it."""
-    packed = layer.__dict__.get("pairs_weight")
+    packed = layer.__dict__.get("packed_weight")
     if packed is None:
-        fresh = ops.pack_pairs(layer.weight.detach())
+        fresh = ops.pack_blocks(layer.weight.detach())
         packed = mapped_zeros(tuple(fresh.shape), fresh.dtype,
                               huge=not core_env().no_huge_pages)
         packed.copy_(fresh)
-        layer.__dict__["pairs_weight"] = packed
+        layer.__dict__["packed_weight"] = packed
     return packed
 
 
-def _pairs_apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
-                 ) -> torch.Tensor:
+def _packed_apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
     w = layer.weight
     x2 = x.reshape(-1, x.shape[-1])
-    if x2.dtype != torch.bfloat16:  # the model's dtype is bf16 wherever this is offered
+    if x2.dtype != w.dtype:  # the model's dtype is the weights' wherever this is offered
         return F.linear(x, w, bias)
-    y = ops.gemm_pairs(x2, pairs_weight(layer), w.shape[0], bias)
+    y = ops.gemm_packed(x2, packed_weight(layer), w.shape[0], bias)
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
-def _pairs_release(layer: nn.Module) -> None:
-    layer.__dict__.pop("pairs_weight", None)
+def _packed_release(layer: nn.Module) -> None:
+    layer.__dict__.pop("packed_weight", None)
 
 
-def _pairs_copy_bytes(layer: nn.Module) -> int:
-    n, k = layer.weight.shape
-    width = ops.pairs_width()
-    return -(-n // width) * width * k * 2
+def _packed_copy_bytes(layer: nn.Module) -> int:
+    w = layer.weight
+    width = ops.packed_width(w.dtype)
+    return -(-w.shape[0] // width) * width * w.shape[1] * w.element_size()
 
 
-def pairs_candidate(kernel_version: str) -> LinearCandidate:
-    """The pair-packed bf16 GEMM (``cpu/gemm_pairs.h``) as a candidate: bf16 weights, on
-    kernel builds with the pairwise bf16 dot product (AVX512_BF16). Between one row and
-    oneDNN's batches, at 2-16 token rows (a server's concurrent decodes), it pays about the
-    larger of the weight read and the dot products where the row-major GEMV and oneDNN
-    pay more (docs/performance.md). Keeps its own copy of each weight it runs."""
+def packed_candidate(kernel_version: str) -> LinearCandidate:
+    """The block-packed GEMM (``cpu/gemm_packed.h``) as a candidate: fp32 weights on every
+    build, bf16 weights on builds with the pairwise bf16 dot product (AVX512_BF16).
+    Between one row and oneDNN's batches, at 2-16 token rows (a server's concurrent
+    decodes), it pays about the larger of the weight read and the multiply-adds where the
+    row-major GEMV and oneDNN pay more (docs/performance.md). Keeps its own copy of each
+    weight it runs."""
     return LinearCandidate(
-        "glowlm-pairs", f"{kernel_version}-huge2", _pairs_apply, _pairs_supports,
-        release=_pairs_release, prepare=pairs_weight, copy_bytes=_pairs_copy_bytes)
+        "glowlm-packed", f"{kernel_version}-huge", _packed_apply, _packed_supports,
+        release=_packed_release, prepare=packed_weight, copy_bytes=_packed_copy_bytes)
 
 
-def pairs_available() -> bool:
-    """Whether the loaded kernel build implements the pair-packed GEMM."""
+def packed_available() -> bool:
+    """Whether the loaded kernel build has the block-packed GEMM (for float32 at least)."""
     try:
-        return ops.pairs_width() > 0
+        return ops.packed_width(torch.float32) > 0
     except (AttributeError, RuntimeError):  # a module built before the op existed
         return False
 
@@ -143,8 +147,9 @@ def pairs_available() -> bool:
 class X86LinearMethod(UnquantizedLinearMethod):
     """Dense weights; compiled GEMV for small M, compiled blocked GEMM above.
 
-    Offers the measured choice glowlm's kernels first (the default), the pair-packed bf16
-    GEMM where the build has a bf16 dot product, then oneDNN on a packed weight and
+    Offers the measured choice glowlm's kernels first (the default), the block-packed
+    GEMM (fp32; bf16 where the build has a bf16 dot product), then oneDNN on a packed
+    weight and
     torch's ``F.linear`` (native bf16 / AMX where the CPU has them).
     """
 
@@ -161,6 +166,6 @@ class X86LinearMethod(UnquantizedLinearMethod):
         return dense_linear(x, layer.weight, bias, self.policy)
 
     def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
-        pairs = [pairs_candidate(self.kernel_version)] if pairs_available() else []
-        return [glowlm_candidate(self.policy, self.kernel_version), *pairs,
+        packed = [packed_candidate(self.kernel_version)] if packed_available() else []
+        return [glowlm_candidate(self.policy, self.kernel_version), *packed,
                 *onednn_candidates(), TORCH_LINEAR]

@@ -16,8 +16,8 @@ from torch import Tensor
 
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul",
-            "gelu", "gelu_tanh", "relu", "gemv", "gemm", "pairs_width", "pack_pairs",
-            "gemm_pairs", "write_kv", "paged_attention", "paged_attention_window",
+            "gelu", "gelu_tanh", "relu", "gemv", "gemm", "packed_width", "pack_blocks",
+            "gemm_packed", "write_kv", "paged_attention", "paged_attention_window",
             "ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack",
             "rms_decoder_stack_q", "gemma_decoder_stack", "shm_all_reduce")
 
@@ -72,22 +72,24 @@ def gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return torch.ops.glowlm_x86.gemm(x, weight, bias)
 
 
-def pairs_width() -> int:
-    """Lanes per block of :func:`pack_pairs`' layout where the loaded kernel build has the
-    pairwise bf16 dot product (AVX512_BF16: 16), else 0 (the pair ops then refuse)."""
-    return int(torch.ops.glowlm_x86.pairs_width())
+def packed_width(dtype: torch.dtype) -> int:
+    """Lanes per block of :func:`pack_blocks`' layout for weights of ``dtype`` in the
+    loaded kernel build: W for float32, and for bfloat16 where the build has the pairwise
+    bf16 dot product (AVX512_BF16); 0 otherwise (the packed ops then refuse)."""
+    return int(torch.ops.glowlm_x86.packed_width(dtype))
 
 
-def pack_pairs(weight: Tensor) -> Tensor:
-    """A bf16 ``[N, K]`` weight (K even) as ``[ceil(N / W), K / 2, W, 2]``: per block of W
-    rows, each pair of k as one vector, row r's pair in lane r (cpu/gemm_pairs.h)."""
-    return torch.ops.glowlm_x86.pack_pairs(weight)
+def pack_blocks(weight: Tensor) -> Tensor:
+    """A ``[N, K]`` weight as ``[ceil(N / W), K / S, W, S]`` (S = 2 for bf16 pairs, 1 for
+    float32): per block of W rows, each step of k as one vector, row r's in lane r
+    (cpu/gemm_packed.h)."""
+    return torch.ops.glowlm_x86.pack_blocks(weight)
 
 
-def gemm_pairs(x: Tensor, packed: Tensor, n: int, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` for bf16 ``x`` [M, K] on :func:`pack_pairs`' copy of the
-    ``[n, K]`` weight (the pairwise bf16 dot product; fp32 sums, bf16 out)."""
-    return torch.ops.glowlm_x86.gemm_pairs(x, packed, n, bias)
+def gemm_packed(x: Tensor, packed: Tensor, n: int, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` for ``x`` [M, K] of the weight's dtype on
+    :func:`pack_blocks`' copy of the ``[n, K]`` weight (fp32 sums, output in x's dtype)."""
+    return torch.ops.glowlm_x86.gemm_packed(x, packed, n, bias)
 
 
 def write_kv(kv_cache: Tensor, key: Tensor, value: Tensor, slot_mapping: Tensor) -> None:
@@ -170,13 +172,13 @@ def _register_fakes() -> None:
     def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty((x.shape[0], weight.shape[0]))
 
-    @reg("glowlm_x86::pack_pairs")
+    @reg("glowlm_x86::pack_blocks")
     def _(weight: Tensor) -> Tensor:
-        width = pairs_width()
-        return weight.new_empty(((weight.shape[0] + width - 1) // width, weight.shape[1] // 2,
-                                 width, 2))
+        width, step = packed_width(weight.dtype), 2 if weight.dtype == torch.bfloat16 else 1
+        return weight.new_empty(((weight.shape[0] + width - 1) // width,
+                                 weight.shape[1] // step, width, step))
 
-    @reg("glowlm_x86::gemm_pairs")
+    @reg("glowlm_x86::gemm_packed")
     def _(x: Tensor, packed: Tensor, n: int, bias: Tensor | None) -> Tensor:
         return x.new_empty((x.shape[0], n))
 
