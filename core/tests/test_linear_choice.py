@@ -401,3 +401,36 @@ def test_a_fused_incumbent_needs_a_larger_win(fused: bool, other_time: float,
     m = measure([cand("incumbent", 1.0, fused), cand("other", other_time)], [layer], 8,
                 torch.float32, 1, set(), clock=lambda: now[0])
     assert m.winner == want
+
+
+def test_a_clear_loser_stops_after_one_timed_pass() -> None:
+    """Measuring cost is mostly losers' passes: one at DROP_AFTER_ONE times the best stops
+    after its first timed pass; a single-layer pass has no untimed pass (the warm-up call
+    was that layer's first); the best pass of each candidate counts."""
+    from glowlm.layers.linear_choice.measure import DROP_AFTER_ONE, MEASURE_SECONDS, measure
+
+    now = [0.0]
+    calls: dict[str, int] = {}
+
+    def cand(name: str, seconds: float) -> LinearCandidate:
+        def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+            calls[name] = calls.get(name, 0) + 1
+            now[0] += seconds
+            return F.linear(x, layer.weight, bias)
+        return LinearCandidate(name, "1", apply)
+
+    fast = MEASURE_SECONDS / 1.5              # two passes spend the time: warm-up + 2 calls
+    layer = nn.Linear(8, 4)
+    m = measure([cand("fast", fast), cand("close", fast * 1.2),
+                 cand("slow", fast * (DROP_AFTER_ONE + 0.5))], [layer], 8, torch.float32,
+                256, set(), clock=lambda: now[0])
+    assert m.winner == "fast"
+    assert calls == {"fast": 3, "close": 3, "slow": 2}
+    assert m.us["slow"] == pytest.approx(fast * (DROP_AFTER_ONE + 0.5) * 1e6)
+
+    calls.clear()
+    layers = [nn.Linear(8, 4), nn.Linear(8, 4)]   # two layers: warm-up, untimed pass, timed
+    measure([cand("fast", fast / 2), cand("slow", fast * DROP_AFTER_ONE)], layers, 8,
+            torch.float32, 1, set(), clock=lambda: now[0])
+    assert calls == {"fast": 1 + 2 + 2 * 2, "slow": 1 + 2 + 2}

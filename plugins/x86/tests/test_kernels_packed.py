@@ -72,6 +72,22 @@ def test_pack_layout(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
+def test_pack_into_a_given_tensor_equals_pack(dtype: torch.dtype) -> None:
+    """pack_blocks_into writes pack_blocks' copy into the caller's tensor (a huge-page
+    mapping in the candidate), every element, rows past N included; a wrong out is refused."""
+    _width(dtype)
+    w = torch.randn(37, 66).to(dtype)
+    out = torch.full(ops.packed_shape(w), 7.0, dtype=dtype)
+    ops.pack_blocks_into(w, out)
+    assert torch.equal(out, ops.pack_blocks(w))
+    with pytest.raises(RuntimeError, match="out must be a contiguous"):
+        ops.pack_blocks_into(w, torch.empty(out.shape[0] + 1, *out.shape[1:], dtype=dtype))
+    with pytest.raises(RuntimeError, match="out must be a contiguous"):
+        ops.pack_blocks_into(w, out.float() if dtype != torch.float32 else out.double())
+    torch.library.opcheck(torch.ops.glowlm_x86.pack_blocks_into.default, (w, out))
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 33])
 @pytest.mark.parametrize("n,k", [(1, 2), (16, 64), (40, 130), (100, 256), (70, 300),
                                  (130, 2050)])

@@ -1,10 +1,17 @@
 """Timing the candidates of one linear shape at one token class's row count.
 
-One warm-up pass (which also checks the output against the incumbent's), then at
-most :data:`REPEATS` timed passes over up to a few layers of the shape; the best
-pass counts, and the incumbent (the first candidate) keeps the shape unless another
-is faster by more than :data:`MARGIN` (:data:`FUSED_MARGIN` more when the incumbent is
+One warm-up call (which also checks the output against the incumbent's) and, where
+the pass covers more layers than that call, one untimed pass; then at most
+:data:`REPEATS` timed passes over up to a few layers of the shape. The best pass
+counts, and the incumbent (the first candidate) keeps the shape unless another is
+faster by more than :data:`MARGIN` (:data:`FUSED_MARGIN` more when the incumbent is
 the kernel the platform's fused ops run).
+
+Most of the cost is the candidates that lose: a loser stops after one pass when it
+is :data:`DROP_AFTER_ONE` times the best so far (no descheduled thread doubles a
+pass of many milliseconds), after two when it is 50 % behind, and any candidate
+once :data:`MEASURE_SECONDS` of passes are spent (compute-bound prefill passes of
+40-80 ms vary by ~1 %, so two of them decide).
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ FUSED_MARGIN = 0.05
 #: Timed passes per candidate (after one warm-up), fewer when it is already losing.
 REPEATS = 5
 #: Past this many seconds of timed passes a candidate stops (after at least two).
-MEASURE_SECONDS = 0.25
+MEASURE_SECONDS = 0.06
+#: A candidate whose first timed pass takes this many times the best so far stops there.
+DROP_AFTER_ONE = 2.0
 #: Relative L2 error above which a candidate's output is called wrong (bf16 kernels
 #: differ from each other by ~1e-3 in accumulation order).
 MAX_REL_ERROR = 2e-2
@@ -78,7 +87,8 @@ def measure(candidates: Sequence[LinearCandidate], layers: Sequence[nn.Module],
                     if not err <= MAX_REL_ERROR:
                         raise ValueError(f"its output differs from {candidates[0].name}'s "
                                          f"(relative error {err:.2g})")
-                _timed_pass(cand, layers, x, clock)
+                if len(layers) > 1:                 # the other layers' first call
+                    _timed_pass(cand, layers, x, clock)
                 times: list[float] = []
                 while len(times) < REPEATS:
                     t, _ = _timed_pass(cand, layers, x, clock)
@@ -86,6 +96,8 @@ def measure(candidates: Sequence[LinearCandidate], layers: Sequence[nn.Module],
                     # A descheduled OpenMP thread costs a pass tens of ms on a shared
                     # host, so one slow pass proves nothing: drop a candidate only
                     # when its best of two is clearly behind, or its time is spent.
+                    if len(times) == 1 and t > DROP_AFTER_ONE * best * len(layers):
+                        break
                     if len(times) >= 2 and (min(times) > 1.5 * best * len(layers)
                                             or sum(times) > MEASURE_SECONDS):
                         break

@@ -4,6 +4,7 @@
 #include "cpu/gemm_packed.h"
 
 #include <optional>
+#include <vector>
 
 #include "torch/dispatch.h"
 #include "torch/ops.h"
@@ -24,24 +25,42 @@ int64_t packed_step(at::ScalarType t) { return t == at::kBFloat16 ? 2 : 1; }
 
 int64_t packed_width(at::ScalarType dtype) { return packed_dtype(dtype) ? vec::W : 0; }
 
-at::Tensor pack_blocks(const at::Tensor& weight_in) {
-  const auto t = weight_in.scalar_type();
+namespace {
+
+// The [ceil(N / W), K / S, W, S] shape of weight's packed copy (checks the weight).
+std::vector<int64_t> packed_shape(const at::Tensor& weight) {
+  const auto t = weight.scalar_type();
   TORCH_CHECK(packed_dtype(t), "pack_blocks: this kernel build has no packed GEMM for ", t,
               " (float32 everywhere; bfloat16 needs a bf16 dot product)");
   const int64_t S = packed_step(t);
-  TORCH_CHECK(weight_in.dim() == 2 && weight_in.size(1) % S == 0,
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) % S == 0,
               "pack_blocks: weight must be [N, K]", S == 2 ? " with K even" : "", ", got ",
-              weight_in.sizes());
+              weight.sizes());
+  return {(weight.size(0) + vec::W - 1) / vec::W, weight.size(1) / S, vec::W, S};
+}
+
+}  // namespace
+
+void pack_blocks_into(const at::Tensor& weight_in, at::Tensor& out) {
+  const std::vector<int64_t> shape = packed_shape(weight_in);
+  TORCH_CHECK(out.scalar_type() == weight_in.scalar_type() && out.is_contiguous() &&
+                  out.sizes() == at::IntArrayRef(shape),
+              "pack_blocks_into: out must be a contiguous ", weight_in.scalar_type(), " ",
+              at::IntArrayRef(shape), ", got ", out.scalar_type(), " ", out.sizes());
   const at::Tensor w = weight_in.contiguous();
-  const int64_t N = w.size(0), K = w.size(1), width = vec::W;
-  at::Tensor out = at::empty({(N + width - 1) / width, K / S, width, S}, w.options());
-  if (t == at::kFloat) {
+  const int64_t N = w.size(0), K = w.size(1);
+  if (w.scalar_type() == at::kFloat) {
     cpu::pack_blocks(ptr<float>(w), N, K, ptr<float>(out));
   } else {
 #if defined(GLOWLM_VEC_BF16DOT)
     cpu::pack_blocks(ptr<bf16>(w), N, K, ptr<bf16>(out));
 #endif
   }
+}
+
+at::Tensor pack_blocks(const at::Tensor& weight) {
+  at::Tensor out = at::empty(packed_shape(weight), weight.options());
+  pack_blocks_into(weight, out);
   return out;
 }
 

@@ -37,6 +37,7 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& weight,
 // gemm_packed.cpp: the block-packed GEMM (fp32; bf16 with a bf16 dot product).
 int64_t packed_width(at::ScalarType dtype);
 at::Tensor pack_blocks(const at::Tensor& weight);
+void pack_blocks_into(const at::Tensor& weight, at::Tensor& out);
 at::Tensor gemm_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                        const std::optional<at::Tensor>& bias);
 void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,

@@ -32,6 +32,8 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
   // two refuse).
   m.def("packed_width(ScalarType dtype) -> int", &glowlm::packed_width);
   m.def("pack_blocks(Tensor weight) -> Tensor");
+  // The same into a given tensor (the x86 candidate's copy in huge pages: no second copy).
+  m.def("pack_blocks_into(Tensor weight, Tensor(a!) out) -> ()");
   m.def("gemm_packed(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
   m.def("write_kv(Tensor(a!) kv_cache, Tensor key, Tensor value, Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables,"
@@ -90,6 +92,7 @@ GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("gemv", &glowlm::gemv);
   m.impl("gemm", &glowlm::gemm);
   m.impl("pack_blocks", &glowlm::pack_blocks);
+  m.impl("pack_blocks_into", &glowlm::pack_blocks_into);
   m.impl("gemm_packed", &glowlm::gemm_packed);
   m.impl("write_kv", &glowlm::write_kv);
   m.impl("paged_attention", &glowlm::paged_attention);

@@ -93,13 +93,14 @@ def packed_weight(layer: nn.Module) -> torch.Tensor:
     use and kept beside the plain weight (which the fused ops, tied embeddings and the
     other candidates read). In its own mapping in huge pages, as the model's weights are:
     in malloc's 4 KiB pages the bf16 kernel streamed one token row ~25 % slower (TLB
-    misses), and the measured choice then never picked it."""
+    misses), and the measured choice then never picked it. Packed straight into that
+    mapping: packing into a fresh tensor and copying took ~3x as long (16384 x 2048 bf16:
+    ~100 ms, most of it page faults), and every measured layer pays it."""
     packed = layer.__dict__.get("packed_weight")
     if packed is None:
-        fresh = ops.pack_blocks(layer.weight.detach())
-        packed = mapped_zeros(tuple(fresh.shape), fresh.dtype,
-                              huge=not core_env().no_huge_pages)
-        packed.copy_(fresh)
+        w = layer.weight.detach()
+        packed = mapped_zeros(ops.packed_shape(w), w.dtype, huge=not core_env().no_huge_pages)
+        ops.pack_blocks_into(w, packed)
         layer.__dict__["packed_weight"] = packed
     return packed
 

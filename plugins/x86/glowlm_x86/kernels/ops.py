@@ -17,7 +17,7 @@ from torch import Tensor
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul",
             "gelu", "gelu_tanh", "relu", "gemv", "gemm", "packed_width", "pack_blocks",
-            "gemm_packed", "write_kv", "paged_attention", "paged_attention_window",
+            "pack_blocks_into", "gemm_packed", "write_kv", "paged_attention", "paged_attention_window",
             "ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack",
             "rms_decoder_stack_q", "gemma_decoder_stack", "shm_all_reduce")
 
@@ -84,6 +84,18 @@ def pack_blocks(weight: Tensor) -> Tensor:
     float32): per block of W rows, each step of k as one vector, row r's in lane r
     (cpu/gemm_packed.h)."""
     return torch.ops.glowlm_x86.pack_blocks(weight)
+
+
+def packed_shape(weight: Tensor) -> tuple[int, int, int, int]:
+    """The shape of :func:`pack_blocks`' copy of ``weight`` in the loaded kernel build."""
+    width, step = packed_width(weight.dtype), 2 if weight.dtype == torch.bfloat16 else 1
+    return ((weight.shape[0] + width - 1) // width, weight.shape[1] // step, width, step)
+
+
+def pack_blocks_into(weight: Tensor, out: Tensor) -> None:
+    """:func:`pack_blocks` into ``out`` (contiguous, :func:`packed_shape`): the copy lands
+    where the caller mapped it (huge pages) without a second pass over it."""
+    torch.ops.glowlm_x86.pack_blocks_into(weight, out)
 
 
 def gemm_packed(x: Tensor, packed: Tensor, n: int, bias: Tensor | None = None) -> Tensor:
@@ -174,9 +186,11 @@ def _register_fakes() -> None:
 
     @reg("glowlm_x86::pack_blocks")
     def _(weight: Tensor) -> Tensor:
-        width, step = packed_width(weight.dtype), 2 if weight.dtype == torch.bfloat16 else 1
-        return weight.new_empty(((weight.shape[0] + width - 1) // width,
-                                 weight.shape[1] // step, width, step))
+        return weight.new_empty(packed_shape(weight))
+
+    @reg("glowlm_x86::pack_blocks_into")
+    def _(weight: Tensor, out: Tensor) -> None:
+        return None
 
     @reg("glowlm_x86::gemm_packed")
     def _(x: Tensor, packed: Tensor, n: int, bias: Tensor | None) -> Tensor:
