@@ -17,7 +17,8 @@ from torch import Tensor
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul",
             "gelu", "gelu_tanh", "relu", "gemv", "gemm", "packed_width", "pack_blocks",
-            "pack_blocks_into", "gemm_packed", "write_kv", "paged_attention", "paged_attention_window",
+            "pack_blocks_into", "gemm_packed", "write_kv", "paged_attention",
+            "paged_attention_window",
             "ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack",
             "rms_decoder_stack_q", "gemma_decoder_stack", "shm_all_reduce")
 
