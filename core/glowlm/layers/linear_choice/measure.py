@@ -7,11 +7,12 @@ counts, and the incumbent (the first candidate) keeps the shape unless another i
 faster by more than :data:`MARGIN` (:data:`FUSED_MARGIN` more when the incumbent is
 the kernel the platform's fused ops run).
 
-Most of the cost is the candidates that lose: a loser stops after one pass when it
-is :data:`DROP_AFTER_ONE` times the best so far (no descheduled thread doubles a
-pass of many milliseconds), after two when it is 50 % behind, and any candidate
-once :data:`MEASURE_SECONDS` of passes are spent (compute-bound prefill passes of
-40-80 ms vary by ~1 %, so two of them decide).
+Passes are kept few (a candidate's first call, which makes its weight copy, is
+most of the rest of the cost): a loser stops after one pass when it is
+:data:`DROP_AFTER_ONE` times the best so far (no descheduled thread doubles a pass of
+many milliseconds), after two when it is 50 % behind, and any candidate once
+:data:`MEASURE_SECONDS` of passes are spent (compute-bound prefill passes of 40-80 ms
+vary by ~1 %, so two of them decide).
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ def measure(candidates: Sequence[LinearCandidate], layers: Sequence[nn.Module],
                     t, _ = _timed_pass(cand, layers, x, clock)
                     times.append(t)
                     # A descheduled OpenMP thread costs a pass tens of ms on a shared
-                    # host, so one slow pass proves nothing: drop a candidate only
-                    # when its best of two is clearly behind, or its time is spent.
+                    # host, so one slow pass proves little: after one pass only a
+                    # candidate at DROP_AFTER_ONE times the best stops; otherwise its
+                    # best of two must be clearly behind, or its time spent.
                     if len(times) == 1 and t > DROP_AFTER_ONE * best * len(layers):
                         break
                     if len(times) >= 2 and (min(times) > 1.5 * best * len(layers)

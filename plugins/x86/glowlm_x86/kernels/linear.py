@@ -94,8 +94,9 @@ def packed_weight(layer: nn.Module) -> torch.Tensor:
     other candidates read). In its own mapping in huge pages, as the model's weights are:
     in malloc's 4 KiB pages the bf16 kernel streamed one token row ~25 % slower (TLB
     misses), and the measured choice then never picked it. Packed straight into that
-    mapping: packing into a fresh tensor and copying took ~3x as long (16384 x 2048 bf16:
-    ~100 ms, most of it page faults), and every measured layer pays it."""
+    mapping: a fresh tensor and a second copy added 20-130 ms per 16384 x 2048 layer on a
+    Zen 4 guest (its page faults, the copy, huge-page allocation), and every measured
+    layer pays the packing."""
     packed = layer.__dict__.get("packed_weight")
     if packed is None:
         w = layer.weight.detach()
