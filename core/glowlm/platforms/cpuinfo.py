@@ -48,6 +48,9 @@ def parse_cpuinfo(text: str) -> dict[str, object]:
     split into whole words. RISC-V flags come from the ``isa`` string; POWER has
     none but ``altivec``. The model name is the x86 ``model name``, the RISC-V
     ``uarch``, the POWER ``cpu``, the Arm part number or the IBM Z machine type.
+    ``cpu_family`` is the x86 ``cpu family`` (CPUID's family, 0 elsewhere): what tells
+    one microarchitecture from the next where the model name does not (a KVM guest
+    often shows "AMD EPYC" alone).
     """
     first: dict[str, str] = {}
     processors = 0
@@ -92,9 +95,11 @@ def parse_cpuinfo(text: str) -> dict[str, object]:
             model = f"IBM {_S390_MACHINES.get(mtype, 'Z')} (machine type {mtype})"
         m = re.search(r"#\s*processors\s*:\s*(\d+)", text)
         processors = int(m.group(1)) if m else processors
+    family = first.get("cpu family", "")
     return {
         "vendor": vendor,
         "model_name": model,
+        "cpu_family": int(family) if family.isdigit() else 0,
         "flags": frozenset(flags),
         "logical_cpus": processors,
         "physical_cores": len(cores) or processors,

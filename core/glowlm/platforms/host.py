@@ -38,7 +38,9 @@ class HostInfo:
     returns (``Linux``, ``Darwin``). ``flags`` holds whole-word CPU feature flags
     (``avx512f``, ``asimd``, ``bf16``, ``vxe``...), lower case. ``modules`` is the
     set of Python modules assumed importable for a recorded host; ``None`` means
-    "probe the live interpreter".
+    "probe the live interpreter". ``cpu_family`` is the x86 CPUID family (``cpu
+    family`` in ``/proc/cpuinfo``; 0 where there is none): AMD's 25 is Zen 3 / Zen 4,
+    26 is Zen 5.
     """
 
     machine: str
@@ -46,6 +48,7 @@ class HostInfo:
     vendor: str = ""
     model_name: str = ""
     flags: frozenset[str] = frozenset()
+    cpu_family: int = 0
     logical_cpus: int = 0
     physical_cores: int = 0
     numa_nodes: tuple[NumaNode, ...] = ()

@@ -42,13 +42,15 @@ from glowlm_x86.platform import X86Platform
 logger = init_logger("glowlm.x86.quant")
 
 if TYPE_CHECKING:
-    from glowlm.plugin_api import Platform
+    from glowlm.plugin_api import HostInfo, Platform
 
 class X86QuantKernels(CompiledQuantKernels):
     """The compiled kernels (``torch.ops.glowlm_x86.wna16_linear`` / ``w8a8_linear`` /
     ``wna8_linear``). ``int8_activations``: the module has no bf16 dot product (avx2,
-    avx512), so GGUF layers multiply int8 activations with vpmaddubsw by default (4-bit
-    decode ~2-3x the fp32 path's instructions per weight byte fewer)."""
+    avx512), or has one too slow to keep up with the memory read (avx512-bf16 on Zen 4,
+    :func:`half_rate_avx512`), so weight-only and GGUF layers multiply int8 activations
+    by default (4-bit decode: half the dot-product instructions per weight byte of the
+    bf16-dot tile, ~2-3x fewer than the fp32 path)."""
 
     def __init__(self, int8_activations: bool = False, w8a8_as_blocks: bool = False,
                  isa: str = "") -> None:
@@ -63,15 +65,41 @@ INT8_ACTIVATION_ISAS = frozenset({"avx2", "avx512"})
 #: M = 1 against 80-86 %, M = 4 60-64 % against 45 %; docs/quantization.md).
 W8A8_AS_BLOCKS_ISAS = frozenset({"avx2"})
 X86_QUANT_KERNELS = X86QuantKernels()
-_BY_ISA: dict[str, X86QuantKernels] = {}
+_BY_ISA: dict[tuple[str, bool], X86QuantKernels] = {}
 
 
-def kernels_for_isa(isa: str) -> X86QuantKernels:
-    """The kernel set of the module built for ``isa`` (one object per ISA)."""
-    if isa not in _BY_ISA:
-        _BY_ISA[isa] = X86QuantKernels(isa in INT8_ACTIVATION_ISAS, isa in W8A8_AS_BLOCKS_ISAS,
-                                      isa)
-    return _BY_ISA[isa]
+def half_rate_avx512(host: HostInfo) -> bool:
+    """Whether ``host`` runs 512-bit dot products at half the 256-bit rate: AMD Zen 4
+    (CPUID family 25 with AVX-512), whose 512-bit instructions take two passes through
+    256-bit units.
+
+    Why it matters: the bf16-dot A16 tile does two multiply-adds per 32-bit lane
+    (``vdpbf16ps``), the int8 tile four (``vpdpbusd`` / ``vpmaddubsw``). Measured on a
+    Zen 4 guest (2026-12-06): one ``vdpbf16ps zmm`` every 2 cycles, so a core's 4-bit
+    A16 decode tops out at ~30 GB/s of packed weights in cache and reaches 75-80 % of a
+    two-thread read, while the int8 tile reaches the read (engine W4A16 decode 43 ->
+    58-63 tok/s, TTFT 616 -> 453 ms). Zen 5 (family 26) runs full-width 512-bit units
+    and its A16 tile reached 87-103 % of the read (docs/quantization.md), so it keeps
+    the checkpoint's arithmetic."""
+    return (host.vendor == "AuthenticAMD" and host.cpu_family == 25
+            and host.has_flag("avx512f"))
+
+
+def int8_activations_auto(isa: str, host: HostInfo) -> bool:
+    """What ``auto`` means for weight-only layers' activations with the ``isa`` module on
+    ``host``: int8 where it is the fast path (no bf16 dot product: avx2, avx512; or one
+    too slow to keep up with the read: avx512-bf16 on Zen 4)."""
+    return isa in INT8_ACTIVATION_ISAS or (isa == "avx512-bf16" and half_rate_avx512(host))
+
+
+def kernels_for_isa(isa: str, int8_activations: bool | None = None) -> X86QuantKernels:
+    """The kernel set of the module built for ``isa`` (one object per ISA and
+    activation rule). ``int8_activations`` (default: the ISA's rule,
+    ``INT8_ACTIVATION_ISAS``) is what ``auto`` means for weight-only layers there."""
+    int8 = isa in INT8_ACTIVATION_ISAS if int8_activations is None else int8_activations
+    if (isa, int8) not in _BY_ISA:
+        _BY_ISA[isa, int8] = X86QuantKernels(int8, isa in W8A8_AS_BLOCKS_ISAS, isa)
+    return _BY_ISA[isa, int8]
 SOURCE = "quant_linear.cpp"
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
@@ -154,7 +182,8 @@ def _kernels_for(platform: Platform) -> QuantKernels:
     if isinstance(platform, X86Platform):
         library = platform.kernels()
         if library is not None and load_quant_ops(library.isa):
-            return kernels_for_isa(library.isa)
+            return kernels_for_isa(library.isa, int8_activations_auto(library.isa,
+                                                                      platform.host))
     return REFERENCE_KERNELS
 
 

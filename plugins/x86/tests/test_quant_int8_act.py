@@ -12,6 +12,8 @@ for bf16 outputs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from glowlm.plugin_api import REFERENCE_QUANT_KERNELS as REFERENCE_KERNELS
@@ -158,10 +160,34 @@ def test_int8_activations_refuse_unfit_layers(kernels) -> None:
 
 
 def test_module_isa_decides_the_default(kernels) -> None:
-    """avx2 / avx512 modules prefer int8 activations; avx512-bf16 keeps the bf16 dot."""
+    """avx2 / avx512 modules prefer int8 activations; avx512-bf16 keeps the bf16 dot
+    (unless the host says otherwise, below)."""
     from glowlm_x86.quant import kernels_for_isa
 
     assert kernels_for_isa("avx2").int8_activations
     assert kernels_for_isa("avx512").int8_activations
     assert not kernels_for_isa("avx512-bf16").int8_activations
     assert not REFERENCE_KERNELS.int8_activations
+
+
+def test_zen4_takes_int8_activations_by_default(tmp_path) -> None:
+    """avx512-bf16 keeps the bf16 dot except on Zen 4 (CPUID family 25 with AVX-512),
+    whose 512-bit dot products run at half rate; Zen 5 (family 26) and Intel keep it."""
+    from glowlm.plugin_api import from_dump
+    from glowlm.testing import hosts
+    from glowlm_x86.quant import half_rate_avx512, int8_activations_auto
+
+    root = hosts.__path__[0]
+    zen4 = from_dump(f"{root}/x86_64-zen4-epyc-9r14.cpuinfo")
+    icelake = from_dump(f"{root}/x86_64-icelake-xeon-8375c.cpuinfo")
+    zen5_dump = tmp_path / "zen5.cpuinfo"
+    text = Path(root, "x86_64-zen4-epyc-9r14.cpuinfo").read_text()
+    zen5_dump.write_text(text.replace("cpu family\t: 25", "cpu family\t: 26"))
+    zen5 = from_dump(zen5_dump)
+    assert (zen4.cpu_family, zen5.cpu_family, icelake.cpu_family) == (25, 26, 6)
+    assert half_rate_avx512(zen4)
+    assert not half_rate_avx512(zen5) and not half_rate_avx512(icelake)
+    assert int8_activations_auto("avx512-bf16", zen4)
+    assert not int8_activations_auto("avx512-bf16", zen5)
+    assert not int8_activations_auto("avx512-bf16", icelake)
+    assert int8_activations_auto("avx2", zen5) and int8_activations_auto("avx512", icelake)
