@@ -220,7 +220,7 @@ bench-models-quant: bench-models quant-venv peers
 BENCH_QUANT_ARGS ?=
 bench-peers-quant: bench-models-quant vllm-peer
 	$(PEERS_VENV)/bin/python tools/bench_quant_peers.py $(BENCH_MODELS) --vllm \
-	  --out benchmark/results/quant-peers/quant_peers $(BENCH_QUANT_ARGS)
+	  --rounds 3 --out benchmark/results/quant-peers/quant_peers $(BENCH_QUANT_ARGS)
 
 # Accuracy on a trained model (tools/quant_accuracy.py, docs/quantization.md): the default
 # model dequantized, quantized by llm-compressor (W4A16 g64 GPTQ, W8A8 dynamic), transformers

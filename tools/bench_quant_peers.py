@@ -26,9 +26,13 @@ their thresholds (W4A16 decode / glowlm bf16 decode >= 2.5, W4A16 / llama.cpp Q4
 W8A8 decode / bf16 >= 1.6, W8A8 TTFT <= bf16 TTFT, each quantized checkpoint / vLLM on
 the same checkpoint >= 1.0), the host's CPU model and flags, and writes ``PREFIX.json``
 and the chart ``PREFIX.png``. A checkpoint an engine fails on is recorded with its error
-line and the run goes on, so one command always gives every figure that can be had::
+line and the run goes on, so one command always gives every figure that can be had.
+``--rounds N`` measures every checkpoint on every engine N times, round by round (vLLM
+CPU only in the first ``--vllm-rounds``), and keeps the medians: a guest's memory speed
+drifts over minutes (bf16 decode 16-25 tok/s on one Zen 4 guest), and a figure taken in
+a slow minute beside one taken in a fast minute would move a ratio by 1.5x::
 
-    .venv-peers/bin/python tools/bench_quant_peers.py .bench_models --vllm \\
+    .venv-peers/bin/python tools/bench_quant_peers.py .bench_models --vllm --rounds 3 \\
         --out benchmark/results/quant-peers/quant_peers        # = make bench-peers-quant
     .venv-peers/bin/python tools/bench_quant_peers.py .bench_models --prepare   # GGUFs only
 
@@ -41,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -222,6 +227,30 @@ def measure_llamacpp(path: Path, vocab: int, args: argparse.Namespace) -> dict[s
     return out
 
 
+#: The figures a round gives, merged across rounds by their median.
+ROUND_FIGURES = ("ttft_ms", "decode_tokens_per_s", "output_tokens_per_s", "total_tokens_per_s")
+
+
+def merge_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's rounds on one checkpoint as one result: the last successful round's
+    fields with each figure replaced by its median over the successful rounds, and the
+    per-round values under ``rounds`` (several rounds only). Every round failed: the last
+    error."""
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return results[-1]
+    out = dict(ok[-1])
+    if len(results) > 1:
+        out["rounds"] = {k: [r.get(k) for r in ok] for k in ROUND_FIGURES
+                         if any(isinstance(r.get(k), int | float) for r in ok)}
+        for k, values in out["rounds"].items():
+            nums = [v for v in values if isinstance(v, int | float)]
+            out[k] = statistics.median(nums)
+        if len(ok) < len(results):
+            out["failed_rounds"] = [r["error"] for r in results if "error" in r]
+    return out
+
+
 def _fig(results: dict[str, dict[str, Any]], group: str, engine: str, key: str
          ) -> float | None:
     value = results.get(group, {}).get(engine, {}).get(key)
@@ -273,7 +302,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"host: {h['cpu']} ({h['logical_cpus']} CPUs); flags: "
           f"{' '.join(h['flags_that_matter'])}; threads={report['threads']}")
     p = report["protocol"]
-    print(f"P1 in={p['input_len']} out={p['output_len']} median of {p['num_iters']}"
+    rounds = f", {p['rounds']} rounds (medians)" if p.get("rounds", 1) > 1 else ""
+    print(f"P1 in={p['input_len']} out={p['output_len']} median of {p['num_iters']}{rounds}"
           + (f"; P2 {p['num_prompts']} prompts" if p["p2"] else "")
           + (f"; load average {report['load_average'][0]:.1f} at the start"
              if report.get("load_average") else ""))
@@ -316,6 +346,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--num-iters", type=int, default=3, help="P1 timed runs (after 1 warm-up)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every checkpoint on every engine this many times, round "
+                        "by round, and keep the medians (the bar's ratios then compare "
+                        "figures taken in the same minutes)")
+    p.add_argument("--vllm-rounds", type=int, default=1,
+                   help="rounds that include vLLM CPU (its start-up takes minutes and its "
+                        "figures are far from the bar's)")
     p.add_argument("--p2", action="store_true", help="also P2 (batch output tok/s)")
     p.add_argument("--num-prompts", type=int, default=32, help="P2 prompts")
     p.add_argument("--groups", nargs="+", choices=list(GROUPS), default=None,
@@ -365,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "model": str(base), "threads": args.threads, "host": bench_peers.host_description(),
         "protocol": {"input_len": args.input_len, "output_len": args.output_len,
-                     "num_iters": args.num_iters, "p2": args.p2,
+                     "num_iters": args.num_iters, "p2": args.p2, "rounds": args.rounds,
+                     "vllm_rounds": min(args.vllm_rounds, args.rounds),
                      "num_prompts": args.num_prompts},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_average": list(os.getloadavg()), "results": []}
@@ -375,15 +413,25 @@ def main(argv: list[str] | None = None) -> int:
         llama_cpp = llamacpp_peer.import_llama_cpp()
         report["llama.cpp"] = (f"llama-cpp-python {llama_cpp.__version__}; "
                                f"{llama_cpp.llama_print_system_info().decode().strip()}")
+    # Rounds: every (group, engine) once per round, in the same order, so a drift of the
+    # machine's memory speed over minutes hits every figure alike; the medians are kept.
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in range(args.rounds):
+        if args.rounds > 1:
+            progress(f"round {r + 1} of {args.rounds}")
+        for group in groups:
+            scheme, outtype = GROUPS[group]
+            model = checkpoint(models, scheme)
+            runs.setdefault((group, "glowlm"), []).append(measure_glowlm(model, args))
+            if args.vllm and r < args.vllm_rounds:
+                runs.setdefault((group, "vllm"), []).append(measure_vllm(model, args))
+            if outtype is not None and outtype in ggufs:
+                runs.setdefault((group, "llama.cpp"), []).append(
+                    measure_llamacpp(ggufs[outtype], vocab, args))
     by_group: dict[str, dict[str, Any]] = {}
     for group in groups:
-        scheme, outtype = GROUPS[group]
-        model = checkpoint(models, scheme)
-        engines: dict[str, Any] = {"glowlm": measure_glowlm(model, args)}
-        if args.vllm:
-            engines["vllm"] = measure_vllm(model, args)
-        if outtype is not None and outtype in ggufs:
-            engines["llama.cpp"] = measure_llamacpp(ggufs[outtype], vocab, args)
+        engines = {engine: merge_rounds(runs[group, engine])
+                   for engine in ("glowlm", "vllm", "llama.cpp") if (group, engine) in runs}
         by_group[group] = engines
         report["results"].append({"dtype": group, "engines": engines})
     report["bar"] = bar_checks(by_group)

@@ -101,3 +101,15 @@ def test_missing_checkpoints_are_one_line(bq: ModuleType, tmp_path: Path) -> Non
     with pytest.raises(SystemExit, match="llama-1b-rand-w4a16-g128, llama-1b-rand-w8a8-"
                                          "dynamic .*make bench-models-quant"):
         bq.main([str(tmp_path)])
+
+
+def test_rounds_merge_to_medians_and_keep_failures(bq: ModuleType) -> None:
+    """Several rounds give one result per engine and checkpoint: medians of each figure,
+    the per-round values beside them, failed rounds named; all failed: the error."""
+    merged = bq.merge_rounds([{**_e(100, 10), "platform": "x86"}, _e(90, 30),
+                              {"error": "killed"}, _e(95, 20)])
+    assert (merged["ttft_ms"], merged["decode_tokens_per_s"]) == (95, 20)
+    assert merged["rounds"] == {"ttft_ms": [100, 90, 95], "decode_tokens_per_s": [10, 30, 20]}
+    assert merged["failed_rounds"] == ["killed"]
+    assert bq.merge_rounds([_e(1, 2)]) == _e(1, 2)  # one round: as measured
+    assert bq.merge_rounds([{"error": "a"}, {"error": "b"}]) == {"error": "b"}
