@@ -288,6 +288,46 @@ def test_fused_ops_run_only_for_the_classes_their_kernel_won(env: dict[str, str]
     assert "fused ops kept for layer: decode" in plan.describe()
 
 
+@pytest.mark.parametrize("saving_us, kept", [(1000.0, True), (0.0, False)])
+def test_small_wins_do_not_turn_the_fused_ops_off(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        glowlm_logs: pytest.LogCaptureFixture, saving_us: float, kept: bool) -> None:
+    """The fused kernel loses decode on both shapes by 0.1 ms per call: past the per-shape
+    margins, but less over the model than the fused ops save (FUSED_SAVING_US per linear
+    they cover), so it keeps decode and the fused layer stays on; a model where they save
+    nothing switches (linear_choice.keep_fused). Other classes are decided per shape."""
+    from glowlm.layers.fused import FusedLayer
+
+    monkeypatch.setattr(lc, "FUSED_SAVING_US", saving_us)
+
+    def cand(name: str, decode_s: float, other_s: float, **kw: object) -> LinearCandidate:
+        def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+            CLOCK[0].now += decode_s if x.shape[0] <= 2 else other_s
+            return _dense(layer, x, bias)
+        return LinearCandidate(name, "1", apply, **kw)  # type: ignore[arg-type]
+
+    class Block(TwoLayers):
+        def __init__(self, method: Method) -> None:
+            super().__init__(method)
+            self.fused = FusedLayer(lambda x, *rest: x, ModelParts(dtype=torch.float32), True,
+                                    lambda: None)
+
+    model = Block(Method([cand("kernel", 0.0002, 0.02, fused=True),
+                          cand("other", 0.0001, 0.0001)]))
+    plan = choose(model, env)
+    winners = plan.winners()
+    assert winners["batch"] == {"other": 2}
+    if kept:
+        assert winners["decode"] == {"kernel": 2}
+        assert plan.fused_classes == {"layer": ["decode"]}
+        assert "decode keeps the fused kernel on 2 shape(s)" in glowlm_logs.text
+        assert plan.shapes[next(iter(plan.shapes))]["decode"].us["other"] < 150
+    else:
+        assert winners["decode"] == {"other": 2}
+        assert plan.fused_classes == {"layer": []}
+
+
 def test_cached_choices_lists_this_cpu_only(env: dict[str, str]) -> None:
     rec = Recorder()
     choose(TwoLayers(Method([rec.candidate("a"), rec.candidate("b")])), env)
