@@ -77,8 +77,8 @@ def half_rate_avx512(host: HostInfo) -> bool:
     (``vdpbf16ps``), the int8 tile four (``vpdpbusd`` / ``vpmaddubsw``). Measured on a
     Zen 4 guest (2026-12-06): one ``vdpbf16ps zmm`` every 2 cycles, so a core's 4-bit
     A16 decode tops out at ~30 GB/s of packed weights in cache and reaches 75-80 % of a
-    two-thread read, while the int8 tile reaches the read (engine W4A16 decode 43 ->
-    58-63 tok/s, TTFT 616 -> 453 ms). Zen 5 (family 26) runs full-width 512-bit units
+    two-thread read, while the int8 tile reaches the read (engine W4A16 decode 43-44 ->
+    50-63 tok/s, TTFT 616 -> 404-455 ms). Zen 5 (family 26) runs full-width 512-bit units
     and its A16 tile reached 87-103 % of the read (docs/quantization.md), so it keeps
     the checkpoint's arithmetic."""
     return (host.vendor == "AuthenticAMD" and host.cpu_family == 25
@@ -100,6 +100,8 @@ def kernels_for_isa(isa: str, int8_activations: bool | None = None) -> X86QuantK
     if (isa, int8) not in _BY_ISA:
         _BY_ISA[isa, int8] = X86QuantKernels(int8, isa in W8A8_AS_BLOCKS_ISAS, isa)
     return _BY_ISA[isa, int8]
+
+
 SOURCE = "quant_linear.cpp"
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
