@@ -174,7 +174,7 @@ $(VLLM_STAMP):
 # beside the JSON in benchmark/results/.
 bench-peers: peers vllm-peer bench-models
 	$(PEERS_VENV)/bin/python tools/bench_peers.py $(BENCH_MODELS)/llama-1b-rand \
-	  --dtype bf16 f32 --glowlm --vllm --hf --serve --out benchmark/results/peers
+	  --dtype bf16 f32 --glowlm --vllm --hf --serve --rounds 3 --out benchmark/results/peers
 	$(PEERS_VENV)/bin/python tools/bench_gguf_peers.py
 
 # Real weights: glowlm and llama.cpp on the same GGUF files (the default model,

@@ -18,13 +18,22 @@ engine in its own process so no two OpenMP pools ever share one:
 then prints one table with glowlm's ratio to the best peer on every figure, the
 host's CPU model and flags, and with ``--out PREFIX`` writes ``PREFIX.json`` and a
 chart ``PREFIX.png`` beside it. ``make bench-peers`` runs it on llama-1b-rand at bf16
-and fp32.
+and fp32, three rounds.
+
+``--rounds N`` measures P1 and P2 of glowlm, llama.cpp and vLLM CPU N times, round by
+round (the order reversed every other round), and keeps the medians, with every
+round's figures in the JSON. Just before each P1 the two-thread read of a 1 GiB array
+is measured and printed beside that P1's decode speed: on a shared VM the read moves
+between ~35 and ~64 GB/s from one minute to the next (15 has been seen), bf16 decode
+follows it while it is the bound, and one engine's P1 taken in a slow minute beside
+another's taken in a fast one would decide the ratio (docs/peers.md). transformers
+and P3 run once.
 
 Run it with the peers venv (``make peers``; it sees glowlm, torch and transformers
 through $(VENV)), or with any Python that has glowlm (llama.cpp is then skipped):
 
     .venv-peers/bin/python tools/bench_peers.py .bench_models/llama-1b-rand \\
-        --dtype bf16 f32 --glowlm --vllm --hf --serve --out benchmark/results/peers
+        --dtype bf16 f32 --glowlm --vllm --hf --serve --rounds 3 --out benchmark/results/peers
 
 Conversion uses llama.cpp's own convert_hf_to_gguf.py from the llama-cpp-python
 source that ``make peers`` keeps in .venv-peers/src/. Its one tweak: a byte-level
@@ -40,6 +49,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -315,6 +325,18 @@ def print_table(report: dict[str, Any]) -> None:
             f"{_fmt(r['ratio'].get(f), 2):>16}" for f in figs))
     print("ratio: glowlm over the best peer of that row's dtype (times: best peer / glowlm); "
           ">1 = glowlm faster")
+    for r in report["results"]:
+        reads = {name: e.get("rounds", {}).get("read_bandwidth_gbs",
+                                               [e.get("read_bandwidth_gbs")])
+                 for name, e in r["engines"].items() if e.get("read_bandwidth_gbs")}
+        decodes = {name: e.get("rounds", {}).get("decode_tokens_per_s",
+                                                 [e.get("decode_tokens_per_s")])
+                   for name in reads for e in [r["engines"][name]]}
+        if reads:
+            print(f"{r['dtype']}: read GB/s just before each P1 -> decode tok/s: " + "; ".join(
+                f"{name} " + ", ".join(f"{_fmt(b, 0)} -> {_fmt(d, 1)}"
+                                       for b, d in zip(reads[name], decodes[name], strict=False))
+                for name in reads))
 
 
 def write_report(report: dict[str, Any], prefix: Path, vllm_venv: str) -> None:
@@ -348,6 +370,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-iters", type=int, default=3, help="P1 timed runs (after 1 warm-up)")
     p.add_argument("--num-prompts", type=int, default=32, help="P2 prompts")
     p.add_argument("--skip-p2", action="store_true", help="P1 only")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure P1 and P2 of glowlm, llama.cpp and vLLM CPU this many "
+                        "times, round by round (order reversed every other round), and keep "
+                        "the medians; transformers and P3 run once")
     p.add_argument("--glowlm", action="store_true", help="measure glowlm")
     p.add_argument("--vllm", action="store_true", help="measure vLLM CPU (make vllm-peer)")
     p.add_argument("--hf", action="store_true", help="measure transformers (P1/P2)")
@@ -401,8 +427,11 @@ def measure_llamacpp(model_dir: Path, outtype: str, vocab: int, args: argparse.N
                              "--convert-script")
         gguf = convert(model_dir, outtype, gguf_dir, script, args.convert_python)
     progress(f"{outtype}: llama.cpp P1")
+    bw = read_bandwidth_gbs()
     lc: dict[str, Any] = llamacpp_peer.llamacpp_latency(
         gguf, args.input_len, args.output_len, vocab, args.threads, iters=args.num_iters)
+    if bw is not None:
+        lc["read_bandwidth_gbs"] = bw
     if not args.skip_p2:
         progress(f"{outtype}: llama.cpp P2")
         lc.update(llamacpp_peer.llamacpp_throughput(
@@ -411,9 +440,53 @@ def measure_llamacpp(model_dir: Path, outtype: str, vocab: int, args: argparse.N
     return lc
 
 
+#: The figures a round gives, merged across rounds by their median.
+ROUND_FIGURES = ("ttft_ms", "decode_tokens_per_s", "output_tokens_per_s", "total_tokens_per_s",
+                 "read_bandwidth_gbs")
+
+
+def merge_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's rounds as one result: the last successful round's fields with each
+    figure replaced by its median over the successful rounds, and the per-round values
+    under ``rounds`` (several rounds only). Every round failed: the last error."""
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return results[-1]
+    out = dict(ok[-1])
+    if len(results) > 1:
+        out["rounds"] = {k: [r.get(k) for r in ok] for k in ROUND_FIGURES
+                         if any(isinstance(r.get(k), int | float) for r in ok)}
+        for k, values in out["rounds"].items():
+            nums = [v for v in values if isinstance(v, int | float)]
+            out[k] = statistics.median(nums)
+        if len(ok) < len(results):
+            out["failed_rounds"] = [r["error"] for r in results if "error" in r]
+    return out
+
+
+def read_bandwidth_gbs() -> float | None:
+    """The two-thread read of a 1 GiB array in 2 MiB pages, measured here just before an
+    engine's P1: the guest's memory speed moves by up to 1.7x between minutes, and
+    decode follows it, so each P1 figure is kept beside the read it ran against."""
+    try:
+        from glowlm.bench import protocol
+    except ImportError:
+        return None
+    return round(protocol.read_bandwidth(repeats=5, huge_pages=True).median_gbs, 2)
+
+
+def round_order(engines: list[str], round_index: int) -> list[str]:
+    """The engines of one round, in reverse order every other round: in a run whose
+    memory drifts one way, no engine always goes first."""
+    return list(engines) if round_index % 2 == 0 else list(reversed(engines))
+
+
 def _p1_p2(engine: str, run: Any, outtype: str, args: argparse.Namespace) -> dict[str, Any]:
     progress(f"{outtype}: {engine} P1")
+    bw = read_bandwidth_gbs()
     out = dict(run("latency"))
+    if bw is not None:
+        out["read_bandwidth_gbs"] = bw
     if not args.skip_p2:
         progress(f"{outtype}: {engine} P2")
         p2 = run("throughput")
@@ -424,6 +497,8 @@ def _p1_p2(engine: str, run: Any, outtype: str, args: argparse.Namespace) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
     from glowlm.bench import vllm_peer
 
     if (args.vllm or args.serve) and not vllm_peer.available(args.vllm_venv):
@@ -437,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(model_dir), "threads": args.threads, "host": host_description(),
         "protocol": {"input_len": args.input_len, "output_len": args.output_len,
                      "num_iters": args.num_iters, "num_prompts": args.num_prompts,
+                     "rounds": args.rounds,
                      "serve": {"input_len": args.serve_input_len,
                                "output_len": args.serve_output_len,
                                "num_prompts": args.serve_prompts,
@@ -449,18 +525,25 @@ def main(argv: list[str] | None = None) -> int:
         print(report["llama.cpp"], file=sys.stderr)
     log_dir = (args.out.parent if args.out else REPO / "benchmark" / "results") / "peers-logs"
     for outtype in args.dtype:
-        engines: dict[str, dict[str, Any]] = {}
+        measure: dict[str, Any] = {}
         if llama_cpp is not None:
-            engines["llama.cpp"] = measure_llamacpp(model_dir, outtype, vocab, args)
+            measure["llama.cpp"] = lambda o=outtype: measure_llamacpp(model_dir, o, vocab, args)
         if args.glowlm:
-            engines["glowlm"] = _p1_p2("glowlm", lambda k, o=outtype: run_glowlm(
-                args.glowlm_bin, k, model_dir, o, args), outtype, args)
+            measure["glowlm"] = lambda o=outtype: _p1_p2("glowlm", lambda k: run_glowlm(
+                args.glowlm_bin, k, model_dir, o, args), o, args)
         if args.vllm:
-            engines["vllm"] = _p1_p2("vLLM CPU", lambda k, o=outtype: run_vllm(
-                k, model_dir, o, args), outtype, args)
-        if args.hf:
-            engines["transformers"] = _p1_p2("transformers", lambda k, o=outtype: run_hf(
-                glowlm_python, k, model_dir, o, vocab, args), outtype, args)
+            measure["vllm"] = lambda o=outtype: _p1_p2("vLLM CPU", lambda k: run_vllm(
+                k, model_dir, o, args), o, args)
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for r in range(args.rounds):
+            if args.rounds > 1:
+                progress(f"{outtype}: round {r + 1} of {args.rounds}")
+            for name in round_order(list(measure), r):
+                runs.setdefault(name, []).append(measure[name]())
+        if args.hf:  # one round: transformers runs far below the others (docs/peers.md)
+            runs["transformers"] = [_p1_p2("transformers", lambda k, o=outtype: run_hf(
+                glowlm_python, k, model_dir, o, vocab, args), outtype, args)]
+        engines = {name: merge_rounds(results) for name, results in runs.items()}
         if args.serve:
             for engine in ("glowlm", "vllm"):
                 progress(f"{outtype}: {engine} P3 (serving)")

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -227,28 +226,8 @@ def measure_llamacpp(path: Path, vocab: int, args: argparse.Namespace) -> dict[s
     return out
 
 
-#: The figures a round gives, merged across rounds by their median.
-ROUND_FIGURES = ("ttft_ms", "decode_tokens_per_s", "output_tokens_per_s", "total_tokens_per_s")
-
-
-def merge_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One engine's rounds on one checkpoint as one result: the last successful round's
-    fields with each figure replaced by its median over the successful rounds, and the
-    per-round values under ``rounds`` (several rounds only). Every round failed: the last
-    error."""
-    ok = [r for r in results if "error" not in r]
-    if not ok:
-        return results[-1]
-    out = dict(ok[-1])
-    if len(results) > 1:
-        out["rounds"] = {k: [r.get(k) for r in ok] for k in ROUND_FIGURES
-                         if any(isinstance(r.get(k), int | float) for r in ok)}
-        for k, values in out["rounds"].items():
-            nums = [v for v in values if isinstance(v, int | float)]
-            out[k] = statistics.median(nums)
-        if len(ok) < len(results):
-            out["failed_rounds"] = [r["error"] for r in results if "error" in r]
-    return out
+#: One engine's rounds on one checkpoint as one result (medians; tools/bench_peers.py).
+merge_rounds = bench_peers.merge_rounds
 
 
 def _fig(results: dict[str, dict[str, Any]], group: str, engine: str, key: str

@@ -187,3 +187,24 @@ def test_the_tp_start_up_line_says_which_stacks_run_sharded(caplog: pytest.LogCa
     assert "rms_decoder_stack: every layer in one call" in lines[0]
     assert "layers for ln_decoder_stack: module by module" in lines[0]
     assert lines[1].startswith("fused decoder layer/stack ops off under tensor parallelism")
+
+
+def test_bench_tp_alternates_runs_between_two_loaded_engines(tiny_model_dir) -> None:  # noqa: ANN001
+    """The TP benchmark's protocol end to end: both engines load, runs alternate ABBA,
+    every pair and the ratio are printed (speed itself is never asserted)."""
+    import subprocess
+    import sys
+
+    from glowlm.distributed.bench_tp import pair_order
+
+    assert [pair_order((1, 2), r) for r in range(3)] == [(1, 2), (2, 1), (1, 2)]
+    env = {**os.environ, "GLOWLM_CPU_KVCACHE_SPACE": "0.02"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "glowlm.distributed.bench_tp", str(tiny_model_dir("llama")),
+         "--rounds", "2", "--input-len", "8", "--output-len", "4", "--dtype", "float32"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "ratio" in out and "2 alternated runs each" in out, out
+    assert "  run 1: TP = 1 " in out and "  run 2: TP = 1 " in out, out
+    assert "round 2 of 2 done" in proc.stderr

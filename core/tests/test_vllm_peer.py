@@ -83,3 +83,24 @@ def test_the_chart_script_needs_no_glowlm() -> None:
     for name in ("peers_chart.py", "vllm_peer.py"):
         text = (REPO / "core/glowlm/bench" / name).read_text()
         assert not re.search(r"^\s*(from|import)\s+glowlm", text, re.MULTILINE), name
+
+
+def test_rounds_alternate_the_order_and_keep_the_read_beside_each_p1(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bp = _bench_peers()
+    assert bp.round_order(["llama.cpp", "glowlm", "vllm"], 0) == ["llama.cpp", "glowlm", "vllm"]
+    assert bp.round_order(["llama.cpp", "glowlm", "vllm"], 1) == ["vllm", "glowlm", "llama.cpp"]
+    merged = bp.merge_rounds([
+        {"decode_tokens_per_s": 25.0, "read_bandwidth_gbs": 60.0, "ttft_ms": 600.0},
+        {"decode_tokens_per_s": 17.0, "read_bandwidth_gbs": 37.0, "ttft_ms": 800.0},
+        {"decode_tokens_per_s": 24.0, "read_bandwidth_gbs": 58.0, "ttft_ms": 610.0}])
+    assert merged["decode_tokens_per_s"] == 24.0 and merged["read_bandwidth_gbs"] == 58.0
+    assert merged["rounds"]["read_bandwidth_gbs"] == [60.0, 37.0, 58.0]
+    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
+        bp.main(["model", "--rounds", "0"])
+    report = {"host": {"cpu": "AMD EPYC", "logical_cpus": 2, "flags_that_matter": []},
+              "threads": 2, "results": [{"dtype": "bf16", "ratio": {},
+                                         "engines": {"glowlm": merged}}]}
+    bp.print_table(report)
+    assert ("bf16: read GB/s just before each P1 -> decode tok/s: glowlm 60 -> 25.0, "
+            "37 -> 17.0, 58 -> 24.0") in capsys.readouterr().out

@@ -1,13 +1,23 @@
 """Decode speed at TP = N (one CPU share per rank) against TP = 1 (all CPUs), one model.
 
-``python -m glowlm.distributed.bench_tp MODEL [--tp 2] [--dtype bfloat16] [--rounds 3]``
-runs ``glowlm bench latency MODEL --json`` in fresh processes, alternating TP = 1 and
-TP = N (ABAB..., so a drift of the machine's speed hits both), and prints the median
-decode tokens/s of each, their ratio against issue #21's bar (TP = 2 >= 0.85 x TP = 1)
-and the host. Both runs use the same CPUs: TP = 1's threads on all of them, TP = N's
-ranks each on its share (``GLOWLM_CPU_OMP_THREADS_BIND=auto``: one NUMA node per rank,
-or a split of one node's cores), so the ratio is what the all-reduces and the split
-cost. Run it on an idle machine: a rank that waits for its CPU stalls every rank.
+``python -m glowlm.distributed.bench_tp MODEL [--tp 2] [--dtype bfloat16] [--rounds 6]``
+keeps two engines loaded side by side, each in its own process (TP = 1; TP = N, whose
+driver starts its ranks), and alternates single P1 runs between them: TP = 1, TP = N,
+then TP = N, TP = 1, and so on, one engine idle (its threads and ranks asleep in the
+kernel) while the other runs. It prints every run's decode tokens/s, the median of each
+engine, their ratio against issue #21's bar (TP = 2 >= 0.85 x TP = 1) and the host.
+
+Why interleaved runs rather than fresh processes: on a shared VM the memory read moves
+between ~35 and ~64 GB/s from one minute to the next, and bf16 decode follows it. A
+process measures for ~30 s, so two processes in a row often see different memories and
+the ratio of a few such pairs moved between 0.63 and 0.93 with the same code
+(docs/parallelism.md). Alternating runs of ~6 s halves the gap between the two figures
+of a pair, and every run's pair is printed, so a pair split by a change of speed shows.
+
+Both engines use the same CPUs: TP = 1's threads all of them, TP = N's ranks each its
+share (``GLOWLM_CPU_OMP_THREADS_BIND=auto``: one NUMA node per rank, or a split of one
+node's cores), so the ratio is what the all-reduces and the split cost. Run it on an
+idle machine: a rank that waits for its CPU stalls every rank.
 """
 
 from __future__ import annotations
@@ -18,26 +28,71 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Any
+from typing import IO, Any
 
 from glowlm.distributed.bench_allreduce import _cpu_name
 
 BAR = 0.85
+_TURN = "turn"  # a worker's line: loaded (or done with a run) and waiting for "go"
 
 
-def _run(model: str, tp: int, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "glowlm.entrypoints.cli.main", "bench", "latency", model,
-           "--dtype", args.dtype, "--input-len", str(args.input_len), "--output-len",
-           str(args.output_len), "--num-iters", str(args.num_iters), "--json"]
-    if tp > 1:
-        cmd += ["-tp", str(tp)]
+def _worker(args: argparse.Namespace) -> int:
+    """One engine: warm up, then one P1 run per "go" on stdin; the runs as JSON at the end."""
+    from glowlm.bench import protocol
+    from glowlm.entrypoints.cli import bench as bench_cli
+
+    parser = argparse.ArgumentParser()
+    bench_cli.register(parser.add_subparsers())
+    cli = ["bench", "latency", args.model, "--dtype", args.dtype]
+    cli += ["-tp", str(args.worker)] if args.worker > 1 else []
+    engine = bench_cli._engine(parser.parse_args(cli))
+
+    def turn() -> None:
+        print(_TURN, flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit(0)  # the parent went away or stopped early
+
+    lat = protocol.measure_latency(engine, args.input_len, args.output_len,
+                                   iters=args.rounds, between=turn)
+    print(json.dumps({**bench_cli._context(engine), "runs": lat.runs}), flush=True)
+    return 0
+
+
+def _start(tp: int, args: argparse.Namespace) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "glowlm.distributed.bench_tp", args.model, "--worker",
+           str(tp), "--dtype", args.dtype, "--input-len", str(args.input_len),
+           "--output-len", str(args.output_len), "--rounds", str(args.rounds)]
     env = {**os.environ}
     env.setdefault("GLOWLM_CPU_OMP_THREADS_BIND", "auto")
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode:
-        tail = "\n".join(out.stderr.strip().splitlines()[-5:])
-        raise SystemExit(f"glowlm bench latency -tp {tp} failed ({out.returncode}):\n{tail}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def _expect(proc: subprocess.Popen[str], tp: int) -> str:
+    """The worker's next protocol line (a turn or its JSON; anything else that reaches
+    stdout is passed on to stderr); its exit as one readable error."""
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the TP = {tp} engine exited with code {proc.wait()} (its "
+                             "messages are above)")
+        if line.strip() == _TURN or line.startswith("{"):
+            return line.strip()
+        sys.stderr.write(line)
+
+
+def _go(proc: subprocess.Popen[str]) -> None:
+    stdin: IO[str] | None = proc.stdin
+    assert stdin is not None
+    stdin.write("go\n")
+    stdin.flush()
+
+
+def pair_order(tps: tuple[int, int], round_index: int) -> tuple[int, int]:
+    """ABBA: the engine that runs first swaps every round, so a steady drift of the
+    machine's speed favours neither."""
+    return tps if round_index % 2 == 0 else (tps[1], tps[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,27 +103,55 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--num-iters", type=int, default=3, help="P1 runs per process")
-    p.add_argument("--rounds", type=int, default=3, help="TP = 1 / TP = N process pairs")
+    p.add_argument("--rounds", type=int, default=6,
+                   help="P1 runs per engine, alternated (after one warm-up run each)")
+    p.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    speeds: dict[int, list[float]] = {1: [], args.tp: []}
-    last: dict[int, dict[str, Any]] = {}
-    for _ in range(args.rounds):
-        for tp in (1, args.tp):
-            last[tp] = _run(args.model, tp, args)
-            speeds[tp].append(float(last[tp]["decode_tokens_per_s"]))
+    if args.worker:
+        return _worker(args)
+    if args.tp < 2 or args.rounds < 1:
+        raise SystemExit("--tp must be at least 2 and --rounds at least 1")
+    tps = (1, args.tp)
+    procs: dict[int, subprocess.Popen[str]] = {}
+    try:
+        for tp in tps:  # one at a time: loads and warm-ups do not overlap
+            print(f"loading the TP = {tp} engine", file=sys.stderr, flush=True)
+            procs[tp] = _start(tp, args)
+            _expect(procs[tp], tp)
+        for r in range(args.rounds):
+            for tp in pair_order(tps, r):
+                _go(procs[tp])
+                _expect(procs[tp], tp)  # the next turn: the run is done
+            print(f"round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)
+        results = {}
+        for tp in tps:
+            _go(procs[tp])  # past the last turn: the worker prints its runs
+            results[tp] = json.loads(_expect(procs[tp], tp))
+            procs[tp].wait(timeout=120)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    report(args, results)
+    return 0
+
+
+def report(args: argparse.Namespace, results: dict[int, dict[str, Any]]) -> None:
+    speeds = {tp: [r["decode_tokens_per_s"] for r in res["runs"]] for tp, res in results.items()}
     one, many = statistics.median(speeds[1]), statistics.median(speeds[args.tp])
     ratio = many / one if one else float("nan")
+    pairs = [b / a for a, b in zip(speeds[1], speeds[args.tp], strict=True) if a]
     verdict = ("met" if ratio >= BAR else "not met") if args.tp == 2 else "applies to TP = 2"
-    info = last[1]
+    info = results[1]
     print(f"decode on {args.model} ({info.get('dtype')}, platform {info.get('platform')}, "
-          f"input {args.input_len}, output {args.output_len}, median of {args.rounds} "
-          f"processes): TP = 1 ({info.get('threads')} threads) {one:.2f} tok/s, "
-          f"TP = {args.tp} ({last[args.tp].get('threads')} thread(s) per rank) {many:.2f} "
-          f"tok/s; ratio {ratio:.3f} (bar >= {BAR}: {verdict}); runs TP = 1 {speeds[1]}, "
-          f"TP = {args.tp} {speeds[args.tp]}; CPU: {_cpu_name()}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    return 0
+          f"input {args.input_len}, output {args.output_len}, {args.rounds} alternated runs "
+          f"each): TP = 1 ({info.get('threads')} threads) {one:.2f} tok/s, TP = {args.tp} "
+          f"({results[args.tp].get('threads')} thread(s) per rank) {many:.2f} tok/s; ratio "
+          f"{ratio:.3f} (bar >= {BAR}: {verdict}); per-pair ratios median "
+          f"{statistics.median(pairs):.3f}")
+    for r, (a, b) in enumerate(zip(speeds[1], speeds[args.tp], strict=True)):
+        print(f"  run {r + 1}: TP = 1 {a:.2f}, TP = {args.tp} {b:.2f} tok/s ({b / a:.3f})")
+    print(f"CPU: {_cpu_name()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,16 @@ void bench_shape(int64_t N, int64_t K, const char* dtype, int reps, int64_t min_
       configs.push_back({"bf16dot" + m, [&, M](const char* w) {
         cpu::gemv_bf16(xb.data(), M, K, reinterpret_cast<const bf16*>(w), y.data(), N);
       }, {}});
+      configs.push_back({"seq1" + m, [&, M](const char* w) {
+        const bf16* wb = reinterpret_cast<const bf16*>(w);
+        const int64_t chunks = (N + 15) / 16;
+        parallel_chunks(chunks, [&](int64_t c) {
+          const int64_t b = c * 16, e = std::min(N, b + 16);
+          for (int64_t n = b; n < e; ++n)
+            cpu::gemv_rows<cpu::BF16DotOp, 1, 4, false>(xb.data(), M, K, wb + n * K, K,
+                                                         y.data() + n, 1, N);
+        });
+      }, {}});
     }
 #endif
   }
