@@ -206,5 +206,6 @@ def test_bench_tp_alternates_runs_between_two_loaded_engines(tiny_model_dir) -> 
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "ratio" in out and "2 alternated runs each" in out, out
-    assert "  run 1: TP = 1 " in out and "  run 2: TP = 1 " in out, out
+    assert "  pair 1: TP = 1 " in out and "  pair 2: TP = 1 " in out, out
+    assert "median of the per-pair ratios" in out and "GB/s before" in out, out
     assert "round 2 of 2 done" in proc.stderr

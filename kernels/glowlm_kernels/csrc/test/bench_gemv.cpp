@@ -15,6 +15,11 @@
 //             (the old bf16 path; the only fp32 path);
 //   bf16dot   cpu::gemv_bf16: bf16 x and weights straight into dot2 (vectors headers
 //             with GLOWLM_VEC_BF16DOT: AVX512_BF16, Arm BF16),
+//   seq1      the same tile walked as an engine that takes one row at a time does
+//             (ggml's decode matmul): 16 adjacent rows per chunk, one sequential
+//             stream per thread. On the Zen 4 guest (2026-12-06) it read 95-98 % of
+//             the read at M = 1 where bf16dot read 100 %, and 52-80 % at M = 4 where
+//             bf16dot read 79-86 %: why gemv_walk reads a chunk as distant streams,
 // for M = 1 and 4 token rows. GB/s counts weight bytes (x and y are a few KiB); each
 // figure is the median over the repetitions, and "of read" is the GEMV's median over the
 // read's median of the same shape.
