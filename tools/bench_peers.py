@@ -47,18 +47,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "core"))  # a checkout without glowlm installed still runs
+sys.path.insert(0, str(REPO / "tools"))
+from glowlm.bench.rounds import merge_rounds, read_bandwidth_gbs, round_order  # noqa: E402
+from peers_serving import glowlm_env, run_serving  # noqa: E402
 
 GLOWLM_DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 ENGINES = ("glowlm", "vllm", "llama.cpp", "transformers")
@@ -155,15 +154,6 @@ def _run_json(cmd: list[str], env: dict[str, str], what: str) -> dict[str, Any]:
     return _json_line(proc.stdout)
 
 
-def glowlm_env(threads: int, kv_cache_gib: float | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    if threads != os.cpu_count():  # glowlm binds one thread per core it is given
-        env["GLOWLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
-    if kv_cache_gib is not None:
-        env["GLOWLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
-    return env
-
-
 def run_glowlm(glowlm: str, kind: str, model_dir: Path, outtype: str,
                args: argparse.Namespace) -> dict[str, Any]:
     """``glowlm bench KIND --json`` at the dtype matching the GGUF; its JSON object."""
@@ -205,73 +195,6 @@ def run_vllm(kind: str, model_dir: Path, outtype: str, args: argparse.Namespace
                             args.input_len, args.output_len, args.num_iters, args.num_prompts)
     return _run_json(cmd, vllm_peer.vllm_env(args.vllm_venv, args.threads, args.kv_cache_gib),
                      "vLLM CPU")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(port: int, proc: subprocess.Popen, what: str, timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited with code {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(1)
-    raise SystemExit(f"{what} on port {port} was not healthy after {timeout:.0f} s")
-
-
-def run_serving(engine: str, model_dir: Path, outtype: str, args: argparse.Namespace,
-                log_dir: Path) -> dict[str, Any]:
-    """P3: start ``engine``'s server (own process group), ``vllm bench serve`` it, stop it
-    (by its process group only); the client's median TTFT/TPOT and output tok/s."""
-    from glowlm.bench import vllm_peer
-
-    port, name = _free_port(), "peer-model"
-    max_len = args.serve_input_len + args.serve_output_len + 16
-    if engine == "glowlm":
-        cmd = [args.glowlm_bin, "serve", str(model_dir), "--dtype", GLOWLM_DTYPE[outtype],
-               "--port", str(port), "--host", "127.0.0.1", "--served-model-name", name,
-               "--max-model-len", str(max_len), "--disable-access-log"]
-        env = glowlm_env(args.threads, args.kv_cache_gib)
-    else:
-        cmd = vllm_peer.serve_command(args.vllm_venv, model_dir, GLOWLM_DTYPE[outtype], port,
-                                      max_len, name)
-        env = vllm_peer.vllm_env(args.vllm_venv, args.threads, args.kv_cache_gib)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"p3-{engine}-{outtype}"
-    with (log_dir / f"{stem}.server.log").open("w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            _wait_healthy(port, proc, f"{engine} server")
-            client = vllm_peer.bench_serve_command(
-                args.vllm_venv, port, name, model_dir, args.serve_input_len,
-                args.serve_output_len, args.serve_prompts, args.serve_concurrency, log_dir,
-                f"{stem}.json")
-            # The client runs on the server's CPUs too (2 cores here): it is light, and the
-            # same for every server, so the comparison stays fair.
-            client_env = vllm_peer.vllm_env(args.vllm_venv, args.threads)
-            rc = subprocess.run(client, env=client_env, stdout=log,
-                                stderr=subprocess.STDOUT).returncode
-            if rc != 0:
-                raise SystemExit(f"vllm bench serve against {engine} failed with exit code "
-                                 f"{rc}; see {log.name}")
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-    r = json.loads((log_dir / f"{stem}.json").read_text())
-    return {"p3_output_tokens_per_s": r["output_throughput"],
-            "p3_median_ttft_ms": r["median_ttft_ms"], "p3_median_tpot_ms": r["median_tpot_ms"],
-            "p3_completed": r.get("completed")}
 
 
 def ratios(engines: dict[str, dict[str, Any]]) -> dict[str, float | None]:
@@ -326,17 +249,18 @@ def print_table(report: dict[str, Any]) -> None:
     print("ratio: glowlm over the best peer of that row's dtype (times: best peer / glowlm); "
           ">1 = glowlm faster")
     for r in report["results"]:
-        reads = {name: e.get("rounds", {}).get("read_bandwidth_gbs",
-                                               [e.get("read_bandwidth_gbs")])
-                 for name, e in r["engines"].items() if e.get("read_bandwidth_gbs")}
-        decodes = {name: e.get("rounds", {}).get("decode_tokens_per_s",
-                                                 [e.get("decode_tokens_per_s")])
-                   for name in reads for e in [r["engines"][name]]}
-        if reads:
-            print(f"{r['dtype']}: read GB/s just before each P1 -> decode tok/s: " + "; ".join(
-                f"{name} " + ", ".join(f"{_fmt(b, 0)} -> {_fmt(d, 1)}"
-                                       for b, d in zip(reads[name], decodes[name], strict=False))
-                for name in reads))
+        parts = []
+        for name, e in r["engines"].items():
+            if not e.get("read_bandwidth_gbs"):
+                continue
+            per_round = e.get("rounds", {})
+            reads = per_round.get("read_bandwidth_gbs", [e["read_bandwidth_gbs"]])
+            decodes = per_round.get("decode_tokens_per_s", [e.get("decode_tokens_per_s")])
+            parts.append(f"{name} " + ", ".join(f"{_fmt(b, 0)} -> {_fmt(d, 1)}" for b, d
+                                                 in zip(reads, decodes, strict=False)))
+        if parts:
+            print(f"{r['dtype']}: read GB/s just before each P1 -> decode tok/s: "
+                  + "; ".join(parts))
 
 
 def write_report(report: dict[str, Any], prefix: Path, vllm_venv: str) -> None:
@@ -440,47 +364,6 @@ def measure_llamacpp(model_dir: Path, outtype: str, vocab: int, args: argparse.N
     return lc
 
 
-#: The figures a round gives, merged across rounds by their median.
-ROUND_FIGURES = ("ttft_ms", "decode_tokens_per_s", "output_tokens_per_s", "total_tokens_per_s",
-                 "read_bandwidth_gbs")
-
-
-def merge_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One engine's rounds as one result: the last successful round's fields with each
-    figure replaced by its median over the successful rounds, and the per-round values
-    under ``rounds`` (several rounds only). Every round failed: the last error."""
-    ok = [r for r in results if "error" not in r]
-    if not ok:
-        return results[-1]
-    out = dict(ok[-1])
-    if len(results) > 1:
-        out["rounds"] = {k: [r.get(k) for r in ok] for k in ROUND_FIGURES
-                         if any(isinstance(r.get(k), int | float) for r in ok)}
-        for k, values in out["rounds"].items():
-            nums = [v for v in values if isinstance(v, int | float)]
-            out[k] = statistics.median(nums)
-        if len(ok) < len(results):
-            out["failed_rounds"] = [r["error"] for r in results if "error" in r]
-    return out
-
-
-def read_bandwidth_gbs() -> float | None:
-    """The two-thread read of a 1 GiB array in 2 MiB pages, measured here just before an
-    engine's P1: the guest's memory speed moves by up to 1.7x between minutes, and
-    decode follows it, so each P1 figure is kept beside the read it ran against."""
-    try:
-        from glowlm.bench import protocol
-    except ImportError:
-        return None
-    return round(protocol.read_bandwidth(repeats=5, huge_pages=True).median_gbs, 2)
-
-
-def round_order(engines: list[str], round_index: int) -> list[str]:
-    """The engines of one round, in reverse order every other round: in a run whose
-    memory drifts one way, no engine always goes first."""
-    return list(engines) if round_index % 2 == 0 else list(reversed(engines))
-
-
 def _p1_p2(engine: str, run: Any, outtype: str, args: argparse.Namespace) -> dict[str, Any]:
     progress(f"{outtype}: {engine} P1")
     bw = read_bandwidth_gbs()
@@ -548,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             for engine in ("glowlm", "vllm"):
                 progress(f"{outtype}: {engine} P3 (serving)")
                 engines.setdefault(engine, {}).update(
-                    run_serving(engine, model_dir, outtype, args, log_dir))
+                    run_serving(engine, model_dir, outtype, GLOWLM_DTYPE[outtype], args,
+                                log_dir))
         report["results"].append({"dtype": outtype, "engines": engines,
                                   "ratio": ratios(engines)})
     report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -57,6 +57,8 @@ sys.path.insert(0, str(REPO / "core"))
 sys.path.insert(0, str(REPO / "tools"))
 
 import bench_peers  # noqa: E402  (tools/bench_peers.py: conversion, host line, chart)
+from glowlm.bench.rounds import merge_rounds  # noqa: E402
+from peers_serving import glowlm_env  # noqa: E402
 
 BASE = "llama-1b-rand"
 #: group label -> (compressed-tensors scheme suffix or None for the bf16 base, GGUF type)
@@ -192,7 +194,7 @@ def _engine(run: Any, args: argparse.Namespace, what: str) -> dict[str, Any]:
 
 
 def measure_glowlm(model: Path, args: argparse.Namespace) -> dict[str, Any]:
-    env = bench_peers.glowlm_env(args.threads, args.kv_cache_gib)
+    env = glowlm_env(args.threads, args.kv_cache_gib)
     r = _engine(lambda kind: run_json(glowlm_cmd(args, kind, model), env,
                                       f"glowlm {model.name}"), args, f"glowlm {model.name}")
     return {"checkpoint": model.name, **r}
@@ -224,10 +226,6 @@ def measure_llamacpp(path: Path, vocab: int, args: argparse.Namespace) -> dict[s
         out.update(llamacpp_peer.llamacpp_throughput(
             path, args.input_len, args.output_len, args.num_prompts, vocab, args.threads))
     return out
-
-
-#: One engine's rounds on one checkpoint as one result (medians; tools/bench_peers.py).
-merge_rounds = bench_peers.merge_rounds
 
 
 def _fig(results: dict[str, dict[str, Any]], group: str, engine: str, key: str
