@@ -14,10 +14,7 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -32,32 +29,16 @@ def glowlm_env(threads: int, kv_cache_gib: float | None = None) -> dict[str, str
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(port: int, proc: subprocess.Popen, what: str, timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited with code {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(1)
-    raise SystemExit(f"{what} on port {port} was not healthy after {timeout:.0f} s")
-
-
 def run_serving(engine: str, model_dir: Path, outtype: str, dtype: str,
                 args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     """P3: start ``engine``'s server (own process group), ``vllm bench serve`` it, stop it
     (by its process group only); the client's median TTFT/TPOT and output tok/s."""
     from glowlm.bench import vllm_peer
+    from glowlm.bench.suite import wait_healthy
+    from glowlm.distributed.hosts import free_port
+    from glowlm.errors import ConfigError
 
-    port, name = _free_port(), "peer-model"
+    port, name = free_port(), "peer-model"
     max_len = args.serve_input_len + args.serve_output_len + 16
     if engine == "glowlm":
         cmd = [args.glowlm_bin, "serve", str(model_dir), "--dtype", dtype,
@@ -74,7 +55,10 @@ def run_serving(engine: str, model_dir: Path, outtype: str, dtype: str,
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            _wait_healthy(port, proc, f"{engine} server")
+            try:
+                wait_healthy(port, proc, f"{engine} server")
+            except ConfigError as exc:
+                raise SystemExit(str(exc)) from None
             client = vllm_peer.bench_serve_command(
                 args.vllm_venv, port, name, model_dir, args.serve_input_len,
                 args.serve_output_len, args.serve_prompts, args.serve_concurrency, log_dir,

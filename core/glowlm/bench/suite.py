@@ -84,18 +84,22 @@ def commands(case: Case, port: int, result_file: Path) -> tuple[list[str], list[
     return serve, client
 
 
-def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 900) -> None:
+def wait_healthy(port: int, proc: subprocess.Popen, what: str = "the server", hint: str = "",
+                 timeout: float = 900) -> None:
+    """Poll ``/health`` on 127.0.0.1:``port`` until it answers; a ConfigError naming
+    ``what`` (and ``hint``) when ``proc`` exits first or ``timeout`` passes. The serving
+    suite and the peer benchmarks' P3 (tools/peers_serving.py) wait with it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ConfigError(f"the server exited with code {proc.returncode} before it was "
-                              "ready (see its log beside the results)")
+            raise ConfigError(f"{what} exited with code {proc.returncode} before it was "
+                              f"ready{hint}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                 return
         except OSError:
             time.sleep(1)
-    raise ConfigError(f"the server on port {port} was not healthy after {timeout:.0f} s")
+    raise ConfigError(f"{what} on port {port} was not healthy after {timeout:.0f} s")
 
 
 def run_suite() -> int:
@@ -123,7 +127,7 @@ def run_suite() -> int:
         proc = subprocess.Popen(serve, env={**os.environ, **case.env}, stdout=server_log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            _wait_healthy(port, proc)
+            wait_healthy(port, proc, hint=" (see its log beside the results)")
             subprocess.run(client, check=True)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
