@@ -109,7 +109,8 @@ bench: bench-models
 
 # Issue #21's bars (docs/parallelism.md): one shared-memory all-reduce of 2,048 fp32
 # values between two local ranks, then TP = 2 (one CPU share per rank) against TP = 1
-# (all CPUs) decode on the llama-1b shape, bf16, alternating processes. Idle machine only.
+# (all CPUs) decode on the llama-1b shape, bf16, single runs alternated between the two
+# engines loaded side by side (the verdict: median of the pair ratios). Idle machine only.
 .PHONY: bench-tp
 bench-tp: bench-models
 	$(PY) -m glowlm.distributed.bench_allreduce
