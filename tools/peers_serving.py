@@ -35,8 +35,8 @@ def run_serving(engine: str, model_dir: Path, outtype: str, dtype: str,
     (by its process group only); the client's median TTFT/TPOT and output tok/s."""
     from glowlm.bench import vllm_peer
     from glowlm.bench.suite import wait_healthy
-    from glowlm.distributed.hosts import free_port
     from glowlm.errors import ConfigError
+    from glowlm.executor.hosts import free_port
 
     port, name = free_port(), "peer-model"
     max_len = args.serve_input_len + args.serve_output_len + 16

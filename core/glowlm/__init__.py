@@ -5,7 +5,7 @@ The offline API mirrors vLLM's: ``from glowlm import LLM, SamplingParams``.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from glowlm.version import __version__
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
 

@@ -90,7 +90,7 @@ class EngineConfig:
         if "kv_cache_space_gib" not in kwargs:
             given["kv_cache_space_gib"] = env.kvcache_space_gib
         elif kwargs["kv_cache_space_gib"] in (None, "auto"):
-            given["kv_cache_space_gib"] = None  # a share of the free memory (runtime/memory)
+            given["kv_cache_space_gib"] = None  # a share of the free memory (engine/memory)
         given.setdefault("platform", env.platform)
         config = cls(model=model, online=online, **given)  # type: ignore[arg-type]
         config.validate()

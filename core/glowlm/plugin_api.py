@@ -72,18 +72,10 @@ from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from glowlm.layers.fused import FusedLayer, FusedStack, decoder_layer_op, decoder_stack_op
 from glowlm.layers.linear import (
     ColumnParallelLinear,
-    LinearMethod,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
-    UnquantizedLinearMethod,
-)
-from glowlm.layers.linear_choice import (
-    ONEDNN_LINEAR,
-    TORCH_LINEAR,
-    LinearCandidate,
-    onednn_candidates,
 )
 from glowlm.layers.norm import LayerNorm, RMSNorm
 from glowlm.layers.quantization import QuantizationConfig
@@ -111,6 +103,14 @@ from glowlm.ops.fused import (
     RmsDecoderStackFn,
     RmsDecoderWeights,
     Rotary,
+)
+from glowlm.ops.linear import (
+    ONEDNN_LINEAR,
+    TORCH_LINEAR,
+    LinearCandidate,
+    LinearMethod,
+    UnquantizedLinearMethod,
+    onednn_candidates,
 )
 from glowlm.ops.table import REFERENCE_OPS, OpsTable
 from glowlm.platforms.host import HostInfo, NumaNode, from_dump, from_files

@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 from glowlm.layers import linear_choice as lc
 from glowlm.layers.context import ModelParts
-from glowlm.layers.linear import ReplicatedLinear, UnquantizedLinearMethod
+from glowlm.layers.linear import ReplicatedLinear
 from glowlm.layers.linear_choice import LinearCandidate, choose_for_model, token_class
+from glowlm.ops.linear import UnquantizedLinearMethod
 from glowlm.platforms.host import HostInfo
 from torch import nn
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from glowlm.config import EngineConfig
+from glowlm.engine.memory import GIB, plan_memory, plan_ranks
 from glowlm.errors import ConfigError, MemoryPlanError
 from glowlm.model_loader.loader import read_model_dir
 from glowlm.runtime import topology
-from glowlm.runtime.memory import GIB, plan_memory, plan_ranks
 from glowlm.testing.tiny_models import make_tiny_model
 
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"

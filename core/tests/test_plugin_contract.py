@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from glowlm.attention.backend import AttentionLayerSpec
 from glowlm.attention.reference import ReferenceAttentionBackend
-from glowlm.layers.linear import UnquantizedLinearMethod
+from glowlm.ops.linear import UnquantizedLinearMethod
 from glowlm.platforms.generic import GenericCpuPlatform
 from glowlm.platforms.host import live
 from glowlm.platforms.interface import Match

@@ -9,10 +9,11 @@ import glowlm
 import pytest
 import torch
 from glowlm.config import EngineConfig
+from glowlm.engine import memory
+from glowlm.engine.memory import GIB, plan_memory
 from glowlm.errors import MemoryPlanError
 from glowlm.model_loader.loader import read_model_dir
-from glowlm.runtime import memory, topology
-from glowlm.runtime.memory import GIB, plan_memory
+from glowlm.runtime import topology
 from glowlm.testing.tiny_models import make_tiny_model
 
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"

@@ -17,11 +17,11 @@ import torch
 import yaml
 from glowlm.config import EngineConfig
 from glowlm.default_model import default_model_path
+from glowlm.engine.memory import GIB, plan_memory
 from glowlm.entrypoints.cli.engine_args import engine_kwargs
 from glowlm.entrypoints.cli.main import build_parser
 from glowlm.model_loader.loader import read_model_dir
 from glowlm.runtime import topology
-from glowlm.runtime.memory import GIB, plan_memory
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes.yaml"
 UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}

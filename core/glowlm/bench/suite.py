@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from glowlm import envs
-from glowlm.distributed.hosts import free_port
 from glowlm.errors import ConfigError
+from glowlm.executor.hosts import free_port
 
 DEFAULT_CASES = Path("benchmark/serving-tests-cpu.json")
 RESULTS = Path("benchmark/results")

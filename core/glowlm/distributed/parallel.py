@@ -96,29 +96,3 @@ def own_layers(make: Any, num_layers: int, parallel: ParallelState) -> torch.nn.
     stage = stage_layers(num_layers, parallel.pp_rank, parallel.pp_size)
     return torch.nn.ModuleList(make(i) if i in stage else PPMissingLayer()
                                for i in range(num_layers))
-
-
-def check_layout(config: Any) -> None:
-    """Refuse a TP/PP layout the model cannot take before any rank process starts:
-    heads (and the MLP width) must split over TP, KV heads split or replicate, and
-    there must be a layer per pipeline stage."""
-    from glowlm.errors import ConfigError
-    from glowlm.model_loader.loader import read_model_dir
-    from glowlm.runtime.memory import model_dims
-
-    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
-    info = read_model_dir(config.model, getattr(config, "revision", None),
-                          getattr(config, "gguf_file", None))
-    d = model_dims(info.hf_config)
-    if d.heads % tp:
-        raise ConfigError(f"--tensor-parallel-size {tp} does not divide the model's "
-                          f"{d.heads} attention heads")
-    if d.kv_heads % tp and tp % d.kv_heads:
-        raise ConfigError(f"--tensor-parallel-size {tp} neither divides nor is a multiple of "
-                          f"the model's {d.kv_heads} KV heads")
-    if d.intermediate % tp:
-        raise ConfigError(f"--tensor-parallel-size {tp} does not divide the MLP width "
-                          f"({d.intermediate})")
-    if pp > d.layers:
-        raise ConfigError(f"--pipeline-parallel-size {pp} exceeds the model's {d.layers} "
-                          "layers")

@@ -20,10 +20,11 @@ from glowlm.engine.block_manager import BlockManager
 from glowlm.engine.detokenizer import IncrementalDetokenizer
 from glowlm.engine.model_runner import ModelRunner, StepResult
 from glowlm.engine.outputs import CompletionOutput, RequestOutput
+from glowlm.engine.ranks import Ranks, StartRanks
 from glowlm.engine.scheduler import Scheduler
 from glowlm.engine.sequence import Request, Sequence
 from glowlm.engine.setup import EngineSetup, build_engine_parts
-from glowlm.errors import RequestError
+from glowlm.errors import ConfigError, RequestError
 from glowlm.logger import init_logger
 from glowlm.sampling.params import SamplingParams
 from glowlm.sampling.processors import prepare_params, truncate_prompt
@@ -56,16 +57,19 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
-        # TP x PP > 1: ranks 1.. are processes (glowlm.distributed); this one is rank 0.
-        self.executor = None
+    def __init__(self, config: EngineConfig, show_progress: bool = True,
+                 ranks: StartRanks | None = None) -> None:
+        """``ranks`` starts the other ranks when TP x PP > 1 (this process is rank 0):
+        :func:`glowlm.executor.start_ranks`, which the offline API, the server, the
+        benchmarks and the data-parallel replicas pass."""
+        self.executor: Ranks | None = None
         link = None
         if config.world_size > 1:
-            from glowlm.distributed.executor import Executor
-            from glowlm.distributed.parallel import check_layout
-
-            check_layout(config)  # before any rank process starts
-            self.executor = Executor(config)
+            if ranks is None:
+                raise ConfigError(
+                    f"a {config.world_size}-rank engine needs its ranks started: build it with "
+                    "LLMEngine(config, ranks=glowlm.executor.start_ranks)")
+            self.executor = ranks(config)
             link = self.executor.link()
         try:
             setup: EngineSetup = build_engine_parts(config, show_progress, link=link)

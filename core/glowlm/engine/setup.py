@@ -179,7 +179,7 @@ def build_engine_parts(config: EngineConfig, show_progress: bool = True,
                                                 rebind=num > 1).describe())
     preload.tune_glibc_malloc()  # the Python API's engines too (the CLI did it first thing)
     logger.info("%s", preload.describe())
-    from glowlm.runtime.memory import plan_memory  # noqa: PLC0415 - runtime is optional here
+    from glowlm.engine.memory import plan_memory  # noqa: PLC0415 - runtime is optional here
 
     plan = plan_memory(info, dtype, config, max_model_len, rank=rank)
     logger.info("%s", plan.describe())

@@ -12,6 +12,7 @@ from glowlm.config import EngineConfig
 from glowlm.engine.llm_engine import LLMEngine
 from glowlm.engine.outputs import RequestOutput
 from glowlm.errors import RequestError
+from glowlm.executor import start_ranks
 from glowlm.sampling.params import SamplingParams
 
 PromptType = str | list[int] | dict[str, Any]
@@ -55,7 +56,7 @@ class LLM:
             raise ConfigError("data parallelism runs behind the API server (glowlm serve -dp N); "
                               "LLM(...) runs one engine (tensor_parallel_size / "
                               "pipeline_parallel_size for more ranks)")
-        self.engine = LLMEngine(self.config, show_progress=show)
+        self.engine = LLMEngine(self.config, show_progress=show, ranks=start_ranks)
         self._counter = 0
 
     def get_tokenizer(self) -> Any:

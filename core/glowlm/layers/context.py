@@ -12,8 +12,8 @@ from glowlm.ops.table import REFERENCE_OPS, OpsTable
 
 if TYPE_CHECKING:
     from glowlm.attention.backend import AttentionBackend
-    from glowlm.layers.linear import LinearMethod
     from glowlm.layers.quantization import QuantizationConfig
+    from glowlm.ops.linear import LinearMethod
 
 
 @dataclass
@@ -38,7 +38,7 @@ class ModelParts:
             if method is not None:
                 return method
         if self.unquantized is None:
-            from glowlm.layers.linear import UnquantizedLinearMethod
+            from glowlm.ops.linear import UnquantizedLinearMethod
 
             self.unquantized = UnquantizedLinearMethod()
         return self.unquantized

@@ -17,7 +17,7 @@ from torch import nn
 
 from glowlm.distributed.parallel import divide
 from glowlm.layers.context import ModelParts
-from glowlm.layers.linear import _copy_checked
+from glowlm.layers.weights import copy_checked
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -45,8 +45,8 @@ class VocabParallelEmbedding(nn.Module):
                       shard_id: object = None) -> None:
         rows = min(self.per_rank, self.vocab_size - self.vocab_start)
         if loaded.shape[0] != self.vocab_size or loaded.shape[1:] != param.shape[1:]:
-            _copy_checked(param, loaded, self.prefix)  # raises the shape error
-        _copy_checked(param.data[:rows], loaded.narrow(0, self.vocab_start, rows), self.prefix)
+            copy_checked(param, loaded, self.prefix)  # raises the shape error
+        copy_checked(param.data[:rows], loaded.narrow(0, self.vocab_start, rows), self.prefix)
         param.data[rows:].zero_()  # the last rank's padding rows (vocab not divisible by TP)
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:

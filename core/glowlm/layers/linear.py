@@ -1,95 +1,23 @@
-"""Linear layers ready for tensor parallelism, and the LinearMethod interface.
+"""Linear layers ready for tensor parallelism.
 
 A linear layer owns its *shape* (which shard of the full weight this rank
-holds); its :class:`LinearMethod` owns the *representation* (dense, int4 with
-scales, a prepacked blocked layout) and the matmul. Weight loading goes through
+holds); its :class:`~glowlm.ops.linear.LinearMethod` owns the *representation*
+(dense, int4 with scales, a prepacked blocked layout) and the matmul. Weight loading goes through
 ``param.weight_loader(param, loaded_tensor, shard_id)``, which takes the full
 checkpoint tensor and keeps this rank's slice.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from glowlm.distributed.parallel import divide
 from glowlm.errors import ModelLoadError
 from glowlm.layers.context import ModelParts
-
-if TYPE_CHECKING:
-    from glowlm.layers.linear_choice import LinearCandidate
-
-
-class LinearMethod(ABC):
-    """How a linear layer stores its weight and computes ``x @ W^T + b``.
-
-    Instances are shared by layers; per-layer state lives on the layer. All three
-    methods run in the engine process (each worker rank): ``create_weights`` at
-    model construction, ``process_weights_after_loading`` once after the
-    checkpoint is read (repack, quantize, prepack: it may replace parameters),
-    ``apply`` on every forward.
-    """
-
-    @abstractmethod
-    def create_weights(self, layer: nn.Module, input_size: int,
-                       output_partition_sizes: Sequence[int], params_dtype: torch.dtype
-                       ) -> None:
-        """Register this rank's parameters on ``layer`` (uninitialised; loading fills them).
-
-        ``input_size`` and ``output_partition_sizes`` are per-rank sizes; each
-        parameter gets ``output_dim``/``input_dim`` attributes so weight loaders
-        know which axis to shard.
-        """
-
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Turn loaded weights into the form :meth:`apply` wants (default: nothing)."""
-        return None
-
-    @abstractmethod
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
-              ) -> torch.Tensor:
-        """``x``: ``[tokens, input_size]`` -> ``[tokens, sum(output_partition_sizes)]``."""
-
-    def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
-        """Implementations of :meth:`apply` for ``layer`` that the measured choice may
-        time against each other at load (:mod:`glowlm.layers.linear_choice`); the first
-        is the default. Empty (the default): ``apply`` runs as written, never measured.
-        """
-        return []
-
-
-class UnquantizedLinearMethod(LinearMethod):
-    """Dense weights in the model dtype, multiplied by torch's GEMM."""
-
-    def create_weights(self, layer: nn.Module, input_size: int,
-                       output_partition_sizes: Sequence[int], params_dtype: torch.dtype
-                       ) -> None:
-        weight = nn.Parameter(torch.empty(sum(output_partition_sizes), input_size,
-                                          dtype=params_dtype), requires_grad=False)
-        weight.output_dim, weight.input_dim = 0, 1  # type: ignore[attr-defined]
-        layer.register_parameter("weight", weight)
-
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
-              ) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
-
-    def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
-        from glowlm.layers.linear_choice import TORCH_LINEAR, onednn_candidates
-
-        return [TORCH_LINEAR, *onednn_candidates()]
-
-
-def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
-    if param.shape != loaded.shape:
-        raise ModelLoadError(
-            f"tensor {name!r} has shape {tuple(loaded.shape)} but the model expects "
-            f"{tuple(param.shape)}")
-    param.data.copy_(loaded)
+from glowlm.layers.weights import copy_checked
 
 
 def _pack_factor(param: torch.Tensor, dim: int) -> int:
@@ -138,7 +66,7 @@ class LinearBase(nn.Module):
                       shard_id: str | int | None = None) -> None:
         if getattr(param, "shard_scalar", False):
             return _copy_shard_scalar(param, loaded, 0, self.prefix)
-        _copy_checked(param, loaded, self.prefix)
+        copy_checked(param, loaded, self.prefix)
 
 
 class ReplicatedLinear(LinearBase):
@@ -174,12 +102,12 @@ class ColumnParallelLinear(LinearBase):
         if getattr(param, "shard_scalar", False):
             return _copy_shard_scalar(param, loaded, index, f"{self.prefix}[{shard_id}]")
         if dim is None:
-            return _copy_checked(param, loaded, self.prefix)
+            return copy_checked(param, loaded, self.prefix)
         pack = _pack_factor(param, dim)  # packed quantized tensors: offsets in words
         offset = sum(self.output_sizes[:index]) // pack
         if shard_id is None and len(self.output_sizes) > 1:  # fused tensor in the checkpoint
             if self.parallel.tp_size == 1:
-                return _copy_checked(param.data, loaded, self.prefix)
+                return copy_checked(param.data, loaded, self.prefix)
             # Split it into its projections (GPT-2's c_attn is q|k|v) and shard each.
             sizes = self.checkpoint_sizes()
             if loaded.dim() <= dim or loaded.shape[dim] != sum(sizes):
@@ -190,7 +118,7 @@ class ColumnParallelLinear(LinearBase):
                 self.weight_loader(param, piece, sid)
             return None
         target = param.data.narrow(dim, offset, self.output_sizes[index] // pack)
-        _copy_checked(target, self._shard(loaded, dim, index, pack),
+        copy_checked(target, self._shard(loaded, dim, index, pack),
                       f"{self.prefix}[{shard_id}]")
 
     def shard_index(self, shard_id: str | int | None) -> int:
@@ -269,4 +197,4 @@ class RowParallelLinear(LinearBase):
         if dim is not None and self.parallel.tp_size > 1:
             size = param.shape[dim]
             loaded = loaded.narrow(dim, self.parallel.tp_rank * size, size)
-        _copy_checked(param, loaded, self.prefix)
+        copy_checked(param, loaded, self.prefix)

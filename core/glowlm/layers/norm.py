@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from glowlm.layers.context import ModelParts
-from glowlm.layers.linear import _copy_checked
+from glowlm.layers.weights import copy_checked
 
 
 class RMSNorm(nn.Module):
@@ -46,7 +46,7 @@ class GemmaRMSNorm(RMSNorm):
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        _copy_checked(param, loaded.float() + 1.0, f"{self.prefix}.weight")
+        copy_checked(param, loaded.float() + 1.0, f"{self.prefix}.weight")
 
 
 class LayerNorm(nn.LayerNorm):

@@ -206,7 +206,7 @@ class Platform:
 
     def unquantized_linear_method(self):  # -> LinearMethod
         """The linear method for unquantized weights on this platform."""
-        from glowlm.layers.linear import UnquantizedLinearMethod
+        from glowlm.ops.linear import UnquantizedLinearMethod
 
         return UnquantizedLinearMethod()
 
@@ -216,7 +216,7 @@ class Platform:
 
         The way a plugin adds a candidate without replacing the linear method: a
         platform subclass returns ``super().linear_candidates(layer) + [mine]``, each a
-        :class:`~glowlm.layers.linear_choice.LinearCandidate` whose ``supports(layer)``
+        :class:`~glowlm.ops.linear.LinearCandidate` whose ``supports(layer)``
         says which layers it runs. Default: none.
         """
         return []

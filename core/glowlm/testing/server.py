@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from glowlm.distributed.hosts import free_port
+from glowlm.executor.hosts import free_port
 
 #: A hermes-style chat template (as Qwen2.5 / Hermes models ship) for tool-calling tests:
 #: tools in the system turn, assistant tool calls as <tool_call> JSON, tool results as

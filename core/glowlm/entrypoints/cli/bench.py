@@ -65,7 +65,9 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
     kwargs = engine_kwargs(args)
     if not getattr(args, "shared_prefix_len", 0):
         kwargs.setdefault("enable_prefix_caching", False)  # random prompts: nothing to share
-    return LLMEngine(EngineConfig.create(args.model, online=False, **kwargs))
+    from glowlm.executor import start_ranks
+
+    return LLMEngine(EngineConfig.create(args.model, online=False, **kwargs), ranks=start_ranks)
 
 
 def _context(engine: Any) -> dict[str, Any]:

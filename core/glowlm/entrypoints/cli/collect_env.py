@@ -226,7 +226,7 @@ def allocator_section(ctx: EnvContext) -> tuple[str, dict[str, object]]:
 
 def kv_budget_section(ctx: EnvContext) -> tuple[str, dict[str, object]]:
     """The KV cache setting and the memory rank 0 would plan against."""
-    from glowlm.runtime import memory
+    from glowlm.engine import memory
 
     env = envs.get()
     topo, node = memory.rank_node()

@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         str(model), online=True, **engine_kwargs(args),
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
     if args.headless or config.node_rank > 0:
-        from glowlm.distributed.node import run_headless
+        from glowlm.executor.node import run_headless
 
         if not args.headless:
             raise ConfigError(f"--node-rank {config.node_rank}: that host runs no API server; "
@@ -323,11 +323,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         logger.info(executor.submit(apply_thread_binding).result())
         if config.data_parallel_size > 1:  # replicas in their own processes
-            from glowlm.distributed.dp import DPEngine
+            from glowlm.executor.dp import DPEngine
 
             engine = executor.submit(DPEngine, config).result()
         else:
-            engine = executor.submit(LLMEngine, config).result()
+            from glowlm.executor import start_ranks
+
+            engine = executor.submit(LLMEngine, config, ranks=start_ranks).result()
     except KeyboardInterrupt:
         logger.warning("interrupted while loading the model; exiting")
         os._exit(130)  # the engine thread cannot be interrupted; do not wait for it

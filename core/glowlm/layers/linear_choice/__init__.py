@@ -12,7 +12,7 @@ Where candidates come from, in this order (the first is the *incumbent*: the
 reference for the output check, and kept unless another is faster by more than
 :data:`MARGIN`):
 
-1. the layer's :class:`~glowlm.layers.linear.LinearMethod`:
+1. the layer's :class:`~glowlm.ops.linear.LinearMethod`:
    ``method.linear_candidates(layer)`` (x86: glowlm's kernels, oneDNN on a packed
    weight, ``F.linear``; Zen: zentorch first; core's dense method: ``F.linear`` and
    oneDNN; a quantized method: its kernel set's matmul, then torch's int8 / int4
@@ -89,13 +89,9 @@ from glowlm.layers.linear_choice.cache import (
     write_cache,
 )
 from glowlm.layers.linear_choice.candidates import (
-    ONEDNN_LINEAR,
     TOKEN_CLASSES,
-    TORCH_LINEAR,
     ChosenLinearMethod,
-    LinearCandidate,
     TokenClass,
-    onednn_candidates,
     token_class,
 )
 from glowlm.layers.linear_choice.measure import (
@@ -109,9 +105,15 @@ from glowlm.layers.linear_choice.measure import (
 )
 from glowlm.layers.linear_choice.sites import _gate_fused, _groups, _impls, _install, find_sites
 from glowlm.logger import init_logger
+from glowlm.ops.linear import (
+    ONEDNN_LINEAR,
+    TORCH_LINEAR,
+    LinearCandidate,
+    LinearMethod,
+    onednn_candidates,
+)
 
 if TYPE_CHECKING:
-    from glowlm.layers.linear import LinearMethod
     from glowlm.platforms.host import HostInfo
     from glowlm.platforms.interface import Platform
 

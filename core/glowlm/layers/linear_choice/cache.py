@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from glowlm.layers.linear_choice.candidates import LinearCandidate
 from glowlm.logger import init_logger
+from glowlm.ops.linear import LinearCandidate
 
 if TYPE_CHECKING:
     from glowlm.platforms.host import HostInfo
@@ -28,7 +28,7 @@ SCHEMA = 4  # 2: the "small" token class; 3: timed at 8 rows; 4: FUSED_MARGIN
 
 
 def host_key(host: HostInfo, threads: int) -> dict[str, object]:
-    from glowlm import __version__
+    from glowlm.version import __version__
 
     flags = hashlib.sha256(" ".join(sorted(host.flags)).encode()).hexdigest()[:16]
     return {"schema": SCHEMA, "cpu": host.model_name or "unknown", "flags": flags,

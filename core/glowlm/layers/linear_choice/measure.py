@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from glowlm.layers.linear_choice.candidates import LinearCandidate
 from glowlm.logger import init_logger
+from glowlm.ops.linear import LinearCandidate
 
 logger = init_logger("glowlm.layers.linear_choice")
 

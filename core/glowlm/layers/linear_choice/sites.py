@@ -18,15 +18,14 @@ from torch import nn
 from glowlm.layers.linear_choice.candidates import (
     TOKEN_CLASSES,
     ChosenLinearMethod,
-    LinearCandidate,
     TokenClass,
     _ChosenHead,
-    _dense,
     _FusedGate,
 )
+from glowlm.ops.linear import LinearCandidate, is_dense
 
 if TYPE_CHECKING:
-    from glowlm.layers.linear import LinearMethod
+    from glowlm.ops.linear import LinearMethod
     from glowlm.platforms.interface import Platform
 
 
@@ -91,7 +90,7 @@ def find_sites(model: nn.Module, unquantized: LinearMethod | None,
             sites.append(_Site(module, method, _candidates(method, module, platform),
                                "linear", TOKEN_CLASSES))
         elif (unquantized is not None and hasattr(module, "compute_logits")
-              and hasattr(module, "dense_linear") and _dense(module)):
+              and hasattr(module, "dense_linear") and is_dense(module)):
             sites.append(_Site(module, unquantized, _candidates(unquantized, module, platform),
                                "lm_head", TOKEN_CLASSES[:-1]))
     return sites

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from glowlm.errors import ModelLoadError
 
 if TYPE_CHECKING:
-    from glowlm.layers.linear import LinearMethod
     from glowlm.layers.quantization.kernels import QuantKernels
+    from glowlm.ops.linear import LinearMethod
     from glowlm.platforms.interface import Platform
 
 

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from glowlm.errors import ModelLoadError
-from glowlm.layers.linear import LinearMethod
 from glowlm.layers.quantization import QuantizationConfig
 from glowlm.layers.quantization.gptq import skipped
 from glowlm.layers.quantization.kernels import QuantKernels, WeightOnlyInt
@@ -27,6 +26,7 @@ from glowlm.layers.quantization.method import (
     check_divisible,
     unpack_int32,
 )
+from glowlm.ops.linear import LinearMethod
 
 
 class AWQConfig(QuantizationConfig):

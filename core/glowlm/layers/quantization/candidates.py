@@ -26,18 +26,28 @@ stay, since decode keeps running them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glowlm.layers.linear_choice.candidates import LinearCandidate
 from glowlm.layers.quantization.kernels import REFERENCE_KERNELS
+from glowlm.ops.linear import LinearCandidate
 
 if TYPE_CHECKING:
     from glowlm.layers.quantization.kernels import QuantKernels
-    from glowlm.layers.quantization.method import QuantLinearMethod
+
+
+class QuantLinearMethod(Protocol):
+    """What these candidates read of a quantized method (:class:`~glowlm.layers.
+    quantization.method.QuantLinearMethod`, or a plugin's method with a kernel set):
+    written as a protocol so this module and the method's do not import each other."""
+
+    kernels: QuantKernels
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+              ) -> torch.Tensor: ...
 
 #: Group sizes torch's int4 weight-only GEMM takes.
 INT4_GROUPS = frozenset({32, 64, 128, 256})

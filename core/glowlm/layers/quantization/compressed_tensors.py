@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from glowlm.errors import ModelLoadError
-from glowlm.layers.linear import LinearMethod
 from glowlm.layers.quantization import QuantizationConfig
 from glowlm.layers.quantization.kernels import Int8Weights, QuantKernels, WeightOnlyInt
 from glowlm.layers.quantization.method import (
@@ -41,6 +40,7 @@ from glowlm.layers.quantization.method import (
     group_perm,
     unpack_int32,
 )
+from glowlm.ops.linear import LinearMethod
 
 FORMATS = ("int-quantized", "pack-quantized")
 

@@ -60,7 +60,6 @@ import torch
 from torch import nn
 
 from glowlm.errors import ModelLoadError
-from glowlm.layers.linear import LinearMethod
 from glowlm.layers.quantization import QuantizationConfig
 from glowlm.layers.quantization.kernels import (
     ACT_BLOCK,
@@ -69,6 +68,7 @@ from glowlm.layers.quantization.kernels import (
     WeightOnlyInt,
 )
 from glowlm.layers.quantization.method import QuantLinearMethod, add_param, check_divisible
+from glowlm.ops.linear import LinearMethod
 
 GROUP = 32
 #: GGUF tensor types run natively: (kernel bits, group size) of their canonical form.

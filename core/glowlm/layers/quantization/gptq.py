@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from glowlm.errors import ModelLoadError
-from glowlm.layers.linear import LinearMethod
 from glowlm.layers.quantization import QuantizationConfig
 from glowlm.layers.quantization.kernels import QuantKernels, WeightOnlyInt
 from glowlm.layers.quantization.method import (
@@ -34,6 +33,7 @@ from glowlm.layers.quantization.method import (
     group_perm,
     unpack_int32,
 )
+from glowlm.ops.linear import LinearMethod
 
 
 def skipped(prefix: str, not_convert: Sequence[str], quantize_lm_head: bool = False) -> bool:

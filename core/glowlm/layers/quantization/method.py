@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from glowlm.errors import ModelLoadError
-from glowlm.layers.linear import LinearMethod
 from glowlm.layers.quantization.kernels import (
     ACT_BLOCK,
     Int8Weights,
@@ -25,9 +24,10 @@ from glowlm.layers.quantization.kernels import (
     int8_weights_as_blocks,
 )
 from glowlm.logger import init_logger
+from glowlm.ops.linear import LinearMethod
 
 if TYPE_CHECKING:
-    from glowlm.layers.linear_choice import LinearCandidate
+    from glowlm.ops.linear import LinearCandidate
 
 logger = init_logger("glowlm.quantization")
 

@@ -5,7 +5,7 @@
 - :mod:`.build`: compile-once-and-cache, and loading the module for this CPU's ISA.
 - :mod:`.ops`: typed wrappers and the fake (meta) implementations.
 - :mod:`.attention`: the x86 :class:`~glowlm.attention.backend.AttentionBackend`.
-- :mod:`.linear`: the x86 unquantized :class:`~glowlm.layers.linear.LinearMethod`.
+- :mod:`.linear`: the x86 unquantized :class:`~glowlm.ops.linear.LinearMethod`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One rank process (1..world-1): bind, plan, load its shard, then run steps until told.
 
-The entry point of a ``spawn``-ed rank (see :mod:`glowlm.distributed.executor`),
+The entry point of a ``spawn``-ed rank (see :mod:`glowlm.executor.executor`),
 started by the driver on its host or by a headless node on another
-(:mod:`glowlm.distributed.node`).
+(:mod:`glowlm.executor.node`).
 Its log lines carry ``(rank N)``; errors go back to the driver over the pipe, so
 the user sees one line naming the rank.
 """

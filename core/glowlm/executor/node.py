@@ -29,43 +29,22 @@ import threading
 import time
 from typing import Any
 
-from glowlm.distributed.executor import Peer, collect, span, spawn_ranks, terminate
 from glowlm.distributed.groups import Layout
-from glowlm.distributed.hosts import (
+from glowlm.errors import ConfigError, GlowlmError
+from glowlm.executor.hosts import (
     STOP_PREFIX,
     connect,
     decode,
     master_address,
     set_socket_options,
 )
-from glowlm.errors import ConfigError, GlowlmError
+from glowlm.executor.join import describe_model
+from glowlm.executor.procs import Peer, collect, span, spawn_ranks, terminate
 from glowlm.logger import init_logger
 
 logger = init_logger(__name__)
 
 _STOP = pickle.dumps(None, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def describe_model(config: Any) -> str:
-    """The checkpoint's shape, compared between hosts (paths may differ, sizes may not)."""
-    from glowlm.model_loader.loader import read_model_dir
-    from glowlm.runtime.memory import model_dims
-
-    info = read_model_dir(config.model, getattr(config, "revision", None),
-                          getattr(config, "gguf_file", None))
-    d = model_dims(info.hf_config)
-    arch = ",".join(getattr(info.hf_config, "architectures", None) or ["?"])
-    return (f"{arch}: {d.layers} layers, hidden {d.hidden}, {d.heads} heads / {d.kv_heads} "
-            f"KV heads, vocab {d.vocab}")
-
-
-def headless_command(config: Any, addr: str, port: int) -> str:
-    """The command another host runs to join (the driver logs it while it waits)."""
-    sizes = f"-tp {config.tensor_parallel_size}"
-    if config.pipeline_parallel_size > 1:
-        sizes += f" -pp {config.pipeline_parallel_size}"
-    return (f"glowlm serve {config.model} {sizes} --nnodes {config.nnodes} --node-rank n "
-            f"--master-addr {addr} --master-port {port} --headless")
 
 
 class HeadlessNode:
@@ -205,7 +184,7 @@ class HeadlessNode:
 def run_headless(config: Any) -> int:
     """``glowlm serve ... --node-rank N --headless``: run this host's ranks until node 0
     stops (exit 0) or the group fails (GlowlmError: one line)."""
-    from glowlm.distributed.parallel import check_layout
+    from glowlm.executor.layout import check_layout
 
     if config.nnodes < 2 or config.node_rank < 1:
         raise ConfigError("--headless runs the ranks of another host: give --nnodes N > 1 "

@@ -101,7 +101,7 @@ def _figures(engine: Any) -> dict[str, int]:
 def replica_main(config: Any, index: int, conn: Any) -> None:
     """One replica: build the engine, then serve add/abort commands and step."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from glowlm.distributed.worker import _die_with_parent
+    from glowlm.executor.worker import _die_with_parent
 
     _die_with_parent(os.getppid())
     import logging
@@ -112,8 +112,9 @@ def replica_main(config: Any, index: int, conn: Any) -> None:
                                                "%(message)s"))
     try:
         from glowlm.engine.llm_engine import LLMEngine
+        from glowlm.executor import start_ranks
 
-        engine = LLMEngine(config, show_progress=False)
+        engine = LLMEngine(config, show_progress=False, ranks=start_ranks)
     except BaseException as exc:  # noqa: BLE001 - report, then die
         msg = str(exc) if isinstance(exc, GlowlmError) else f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception):

@@ -1,15 +1,16 @@
 """The TCP link between hosts of a multi-host group (``--nnodes N``).
 
 Node 0's executor listens at ``--master-addr:--master-port``; each other host's
-headless command (:mod:`glowlm.distributed.node`) connects there, both sides prove
+headless command (:mod:`glowlm.executor.node`) connects there, both sides prove
 they speak the same protocol (``multiprocessing``'s challenge with :data:`AUTHKEY`),
 the node says hello (its node rank, sizes and model shape) and the driver answers
 with the engine configuration. From then on every message is a pickled
 ``(tag, value)`` tuple or a step, except a stop notice (:data:`STOP_PREFIX` and one
 line of reason), which either side can read without unpickling.
 
-This module holds both ends of that link; the start-up handshake that runs over it
-(and over the local ranks' pipes) is :mod:`glowlm.distributed.executor`'s.
+This module holds both ends of that link; the driver's side of nodes joining is
+:mod:`glowlm.executor.join`, and the start-up handshake that runs over the link (and
+over the local ranks' pipes) is :mod:`glowlm.executor.executor`'s.
 """
 
 from __future__ import annotations
@@ -108,90 +109,6 @@ def listen(addr: str, port: int) -> socket.socket:
         raise GlowlmError(f"cannot listen for the other hosts at {addr}:{port} "
                           f"(--master-addr/--master-port): {exc.strerror or exc}") from None
     return sock
-
-
-def accept_nodes(listener: socket.socket, config: Any, local: list[Any], addr: str,
-                 control: int) -> list[tuple[int, Any, str]]:
-    """Wait for nodes 1..N-1 to connect and say hello; send each the engine config.
-
-    ``local`` are this host's rank peers (one that ends meanwhile stops the wait with
-    its own line). Returns (node rank, connection, "host, pid N") in node order."""
-    from glowlm.distributed.executor import span
-    from glowlm.distributed.node import describe_model, headless_command
-
-    nnodes = config.nnodes
-    local_world = config.tensor_parallel_size * config.pipeline_parallel_size // nnodes
-    expected = set(range(1, nnodes))
-    nodes: dict[int, tuple[Any, str]] = {}
-    logger.info("waiting for %d other host(s) at %s:%d; on host n (1..%d) run: %s",
-                len(expected), addr, control, nnodes - 1,
-                headless_command(config, addr, control))
-    mine = describe_model(config)
-    deadline = time.monotonic() + NODE_JOIN_TIMEOUT
-    while expected - set(nodes):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            missing = ", ".join(map(str, sorted(expected - set(nodes))))
-            raise GlowlmError(f"node(s) {missing} of --nnodes {nnodes} did not join "
-                              f"within {NODE_JOIN_TIMEOUT:.0f} s at {addr}:{control}")
-        ready = mpc.wait([listener, *[p.proc.sentinel for p in local]],
-                         timeout=min(left, 1.0))
-        for obj in ready:
-            if obj is not listener:
-                peer = next(p for p in local if p.proc.sentinel == obj)
-                raise GlowlmError(f"{peer.gone()} during start-up")
-        if listener not in ready:
-            continue
-        sock, peer_addr = listener.accept()
-        set_socket_options(sock, timeout=30.0)  # a silent stranger cannot stall us
-        conn = mpc.Connection(sock.detach())
-        try:
-            mpc.deliver_challenge(conn, AUTHKEY)
-            mpc.answer_challenge(conn, AUTHKEY)
-            tag, hello = pickle.loads(conn.recv_bytes())
-            if tag != "hello" or not isinstance(hello, dict):
-                raise ValueError(f"expected a hello, got {tag!r}")
-        except (OSError, EOFError, mpc.AuthenticationError, pickle.UnpicklingError,
-                ValueError, TypeError) as exc:
-            logger.warning("ignored a connection from %s:%d that is not a glowlm node "
-                           "(%s)", peer_addr[0], peer_addr[1], exc)
-            conn.close()
-            continue
-        set_socket_options(conn, timeout=None)
-        node = hello.get("node_rank")
-        problem = check_hello(hello, config, mine, set(nodes))
-        if problem:
-            with contextlib.suppress(OSError):
-                conn.send_bytes(pickle.dumps(("error", problem)))
-            conn.close()
-            raise GlowlmError(problem)
-        where = f"{hello.get('host', peer_addr[0])}, pid {hello.get('pid')}"
-        nodes[node] = (conn, where)
-        logger.info("node %d joined from %s (%s): %s", node, peer_addr[0], where,
-                    span(range(node * local_world, node * local_world + local_world)))
-    for n in sorted(nodes):
-        nodes[n][0].send_bytes(pickle.dumps(("config", config)))
-    return [(n, *nodes[n]) for n in sorted(nodes)]
-
-
-def check_hello(hello: dict[str, Any], config: Any, mine: str, joined: set[int]
-                ) -> str | None:
-    """Why a node's hello does not fit node 0's group (None: it fits)."""
-    tp, pp, nnodes = config.tensor_parallel_size, config.pipeline_parallel_size, config.nnodes
-    node = hello.get("node_rank")
-    theirs = (hello.get("tp"), hello.get("pp"), hello.get("nnodes"))
-    if theirs != (tp, pp, nnodes):
-        return (f"node {node} was started with -tp {theirs[0]} -pp {theirs[1]} --nnodes "
-                f"{theirs[2]}, node 0 with -tp {tp} -pp {pp} --nnodes "
-                f"{nnodes}; every host needs the same sizes")
-    if not isinstance(node, int) or not 1 <= node < nnodes:
-        return f"a node joined with --node-rank {node}; expected 1..{nnodes - 1}"
-    if node in joined:
-        return f"two hosts were started with --node-rank {node}"
-    if hello.get("model") != mine:
-        return (f"node {node}'s model ({hello.get('model')}) differs from node 0's "
-                f"({mine}); every host needs the same checkpoint")
-    return None
 
 
 def stop_nodes(conns: list[Any], reason: str) -> None:
