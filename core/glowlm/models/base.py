@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -14,6 +15,9 @@ from glowlm.layers.fused import FusedStack
 
 #: (fused parameter name, checkpoint name, shard id)
 StackedMapping = list[tuple[str, str, str | int]]
+
+#: One expert's projection in a checkpoint: ``...experts.<e>.<proj>.weight``.
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
 
 
 class CausalLM(nn.Module):
@@ -67,6 +71,12 @@ class CausalLM(nn.Module):
             name = self.rename(raw_name)
             if name is None:
                 continue
+            expert = _expert_target(name, params)
+            if expert is not None:
+                target, shard_id = expert
+                params[target].weight_loader(params[target], load(), shard_id)
+                loaded.add(f"{target}#{shard_id[0]}.{shard_id[1]}")
+                continue
             for fused, part, shard in self.stacked_params:
                 if f".{part}." in name:
                     target = name.replace(f".{part}.", f".{fused}.")
@@ -96,15 +106,34 @@ class CausalLM(nn.Module):
         """Names :meth:`load_weights` must report for the model to be complete."""
         names: set[str] = set()
         fused = {f for f, _, _ in self.stacked_params}
-        for name, _ in self.named_parameters():
+        for name, param in self.named_parameters():
             head = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
-            if head in fused:
+            parts = getattr(param, "expert_parts", None)
+            if parts is not None:  # stacked experts: every expert's every projection
+                names.update(f"{name}#{e}.{p}" for e in range(param.shape[0]) for p in parts)
+            elif head in fused:
                 for f, _, shard in self.stacked_params:
                     if f == head:
                         names.add(f"{name}#{shard}")
             else:
                 names.add(name)
         return names
+
+
+def _expert_target(name: str, params: dict[str, torch.Tensor]
+                   ) -> tuple[str, tuple[int, str]] | None:
+    """A per-expert checkpoint tensor's stacked parameter and ``(expert, part)``
+    (:class:`glowlm.layers.moe.FusedMoE`), or None when ``name`` is not one."""
+    m = _EXPERT.search(name)
+    if m is None:
+        return None
+    from glowlm.layers.moe import EXPERT_PARTS
+
+    part = EXPERT_PARTS.get(m[2])
+    if part is None:
+        return None
+    target = f"{name[:m.start()]}.experts.{'w2' if part == 'down' else 'w13'}"
+    return (target, (int(m[1]), part)) if target in params else None
 
 
 def prune_rows(rows: torch.Tensor | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

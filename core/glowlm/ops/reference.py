@@ -96,3 +96,49 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 def relu(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x)
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax-then-top-k routing, as transformers' Mixtral/Qwen-MoE/OLMoE routers do it.
+
+    The softmax runs in float32 whatever the logits' dtype, the top-k probabilities are
+    renormalized to sum to one when ``renormalize`` (Mixtral always; Qwen and OLMoE by
+    ``norm_topk_prob``), then rounded to the logits' dtype. Returns ``(weights, ids)``,
+    both ``[tokens, top_k]``, ids int64.
+    """
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """The experts of a mixture-of-experts MLP: ``sum_k w_k * down_e(act(gate_e x) * up_e x)``.
+
+    ``x``: ``[tokens, hidden]``; ``w13``: ``[experts, 2 * inter, hidden]`` (each expert's
+    gate rows, then its up rows); ``w2``: ``[experts, hidden, inter]``; ``topk_weights``
+    and ``topk_ids``: ``[tokens, top_k]``. Tokens are grouped by expert and each routed
+    expert runs one GEMM over its tokens (an expert no token chose is never read), in
+    ascending expert order, each product scaled by its routing weight and added into the
+    output in ``x``'s dtype — the order and rounding of transformers' expert loop.
+    """
+    act = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}[activation]
+    out = torch.zeros_like(x)
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    token_of = order // topk_ids.shape[1]
+    weight_of = topk_weights.reshape(-1)[order]
+    start = 0
+    for expert, count in enumerate(counts):
+        if not count:
+            continue
+        rows = token_of[start:start + count]
+        h = act(F.linear(x[rows], w13[expert]))
+        y = F.linear(h, w2[expert]) * weight_of[start:start + count, None].to(h.dtype)
+        out.index_add_(0, rows, y.to(out.dtype))
+        start += count
+    return out

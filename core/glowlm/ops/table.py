@@ -29,6 +29,8 @@ class OpsTable:
     gelu_tanh: Callable = reference.gelu_tanh
     relu: Callable = reference.relu
     dense_linear: Callable = reference.dense_linear
+    #: A mixture-of-experts MLP's routed experts (``reference.fused_moe``'s signature).
+    fused_moe: Callable = reference.fused_moe
     #: A whole pre-LayerNorm decoder layer (OPT, GPT-2): ``glowlm.ops.fused.LnDecoderLayerFn``.
     ln_decoder_layer: Callable | None = None
     #: A whole RMSNorm decoder layer (Llama family): ``glowlm.ops.fused.RmsDecoderLayerFn``.
