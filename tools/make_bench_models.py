@@ -9,7 +9,10 @@ standard library:
 - ``llama-1b-rand``: the shape of Llama-3.2-1B (hidden 2048, 16 layers, 32
   heads, 8 KV heads, intermediate 8192, tied embeddings, rope theta 500000),
   1.04 B parameters, ~2.1 GB;
-- ``opt-125m-rand``: the shape of OPT-125m.
+- ``opt-125m-rand``: the shape of OPT-125m;
+- ``qwen3-moe-rand``: a Qwen3-MoE shape (hidden 1024, 16 layers, 16 query / 4 KV heads
+  of 64, 64 experts of intermediate 256, 8 routed per token, q/k norm), ~0.9 B
+  parameters of which ~0.18 B are active per token.
 
 Everything comes from fixed seeds and this interpreter's standard library, so
 the same Python and library versions give the same files. Weights are random:
@@ -94,8 +97,27 @@ def opt_125m(vocab: int, smoke: bool) -> Any:
         eos_token_id=1, pad_token_id=1))
 
 
+def qwen3_moe(vocab: int, smoke: bool) -> Any:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    shape = dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
+                 num_key_value_heads=4, head_dim=64, num_experts=64, moe_intermediate_size=256,
+                 num_experts_per_tok=8, intermediate_size=3072)
+    if smoke:
+        shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, num_experts=8,
+                     moe_intermediate_size=32, num_experts_per_tok=2, intermediate_size=128)
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        **shape, max_position_embeddings=8192, rope_theta=1000000.0, norm_topk_prob=True,
+        tie_word_embeddings=False, vocab_size=vocab, bos_token_id=0, eos_token_id=1,
+        pad_token_id=1))
+
+
 MODELS: dict[str, Callable[[int, bool], Any]] = {"llama-1b-rand": llama_1b,
-                                                  "opt-125m-rand": opt_125m}
+                                                  "opt-125m-rand": opt_125m,
+                                                  "qwen3-moe-rand": qwen3_moe}
+#: What ``make bench-models`` writes; the MoE shape is made by the MoE benchmarks only.
+DEFAULT = ["llama-1b-rand", "opt-125m-rand"]
 
 
 def make(out: Path, names: list[str], smoke: bool = False) -> list[Path]:
@@ -124,8 +146,8 @@ def make(out: Path, names: list[str], smoke: bool = False) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="directory to write the models into")
-    p.add_argument("--only", nargs="+", choices=sorted(MODELS), default=sorted(MODELS),
-                   help="make only these models (default: all)")
+    p.add_argument("--only", nargs="+", choices=sorted(MODELS), default=DEFAULT,
+                   help=f"make only these models (default: {' '.join(DEFAULT)})")
     p.add_argument("--smoke", action="store_true",
                    help="2-layer shapes and a 512-token vocabulary (tests of this script)")
     args = p.parse_args(argv)
