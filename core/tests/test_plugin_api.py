@@ -1,8 +1,8 @@
 """The public plugin API is the only door into core: every in-tree plugin (and the
 template in examples/) imports ``glowlm.plugin_api`` and nothing else from core; their
 tests and tools (the x86 plugin's are in tools/x86) may also use the test kit
-(``glowlm.testing``) and the offline API (``from glowlm import LLM, SamplingParams``). Each declares the API version it was
-built for, and every name the API promises exists."""
+(``glowlm.testing``) and the offline API (``from glowlm import LLM, SamplingParams``).
+Each declares the API version it was built for, and every name the API promises exists."""
 
 from __future__ import annotations
 

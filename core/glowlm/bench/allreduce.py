@@ -1,9 +1,9 @@
 """Microbenchmark: one shared-memory all-reduce between local ranks.
 
 ``glowlm bench allreduce [--ranks 2] [--numel 2048] [--iters 2000]
-[--impl both|compiled|python]`` (or ``python -m glowlm.bench.allreduce``) starts the ranks as processes
-(spawn, as the engine does), each pinned to its own CPU when there are enough,
-runs the all-reduce back to back and prints the median and 90th percentile time
+[--impl both|compiled|python]`` (or ``python -m glowlm.bench.allreduce``) starts the
+ranks as processes (spawn, as the engine does), each pinned to its own CPU when there
+are enough, runs the all-reduce back to back and prints the median and 90th percentile time
 per all-reduce seen by rank 0, and the host CPU. The decode step of a TP engine
 does two such all-reduces per layer (attention output, MLP output) of
 ``tokens x hidden`` values.
@@ -17,15 +17,15 @@ the platform has it.
 
 from __future__ import annotations
 
-# torch and the shared-memory group are imported where they run, so ``glowlm --help``
-# (which lists this subcommand) does not load them.
-
 import argparse
 import multiprocessing as mp
 import os
 import platform
 import statistics
 import time
+
+# torch and the shared-memory group are imported where they run, so ``glowlm --help``
+# (which lists this subcommand) does not load them.
 
 
 def cpu_name() -> str:

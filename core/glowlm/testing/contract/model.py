@@ -15,7 +15,6 @@ import torch
 from glowlm.platforms.interface import Match, Platform, dtype_name
 from glowlm.testing.contract.common import gen
 
-
 _MODELS: dict[str, Path] = {}
 _REFERENCE_RUNS: dict[tuple[str, torch.dtype], Any] = {}
 
