@@ -1,13 +1,13 @@
 """Decode speed at TP = N (one CPU share per rank) against TP = 1 (all CPUs), one model.
 
 ``glowlm bench tp MODEL [--tp 2] [--dtype bfloat16] [--rounds 6]`` (or ``python -m
-glowlm.bench.tp``) keeps two engines loaded side by side, each in its own process (TP =
-1; TP = N, whose driver starts its ranks), and alternates single P1 runs between them:
-TP = 1, TP = N, then TP = N, TP = 1, and so on, one engine idle (its threads and ranks
-asleep in the kernel) while the other runs. It prints every run's decode tokens/s, the
-median of each engine and their ratio, the median of the per-pair ratios against issue
-#21's bar (TP = 2 >= 0.85 x TP = 1), the two-thread read measured just before every run,
-and the host.
+glowlm.bench.tp``) keeps two engines loaded side by side, each in its own process
+(TP = 1; TP = N, whose driver starts its ranks), and alternates single P1 runs between
+them: TP = 1, TP = N, then TP = N, TP = 1, and so on, one engine idle (its threads and
+ranks asleep in the kernel) while the other runs. It prints every run's decode
+tokens/s, the median of each engine and their ratio, the median of the per-pair ratios
+against issue #21's bar (TP = 2 >= 0.85 x TP = 1), the two-thread read measured just
+before every run, and the host.
 
 Why interleaved runs rather than fresh processes: on a shared VM the memory read moves
 between ~35 and ~64 GB/s from one minute to the next, and bf16 decode follows it. A
