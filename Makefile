@@ -113,8 +113,8 @@ bench: bench-models
 # engines loaded side by side (the verdict: median of the pair ratios). Idle machine only.
 .PHONY: bench-tp
 bench-tp: bench-models
-	$(PY) -m glowlm.distributed.bench_allreduce
-	$(PY) -m glowlm.distributed.bench_tp $(BENCH_MODELS)/llama-1b-rand --dtype bfloat16
+	$(VENV)/bin/glowlm bench allreduce
+	$(VENV)/bin/glowlm bench tp $(BENCH_MODELS)/llama-1b-rand --dtype bfloat16
 
 # The serving suite: benchmark/serving-tests-cpu.json -> benchmark/results/
 # (DRY_RUN=1, MODEL_FILTER, DTYPE_FILTER, SERVING_JSON select what runs).

@@ -75,7 +75,7 @@ def run_glowlm(kind: str, path: Path, args: argparse.Namespace) -> dict[str, Any
 
 
 def measure(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from glowlm.bench import llamacpp_peer
+    import llamacpp_peer
 
     vocab = vocab_of(path)
     progress(f"{path.name}: llama.cpp P1")
@@ -157,7 +157,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from glowlm.bench import llamacpp_peer
+    import llamacpp_peer
 
     llama_cpp = llamacpp_peer.import_llama_cpp()
     info = host()

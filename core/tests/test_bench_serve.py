@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from glowlm.entrypoints.cli import bench_serve
+from glowlm.bench import serve as bench_serve
+from glowlm.entrypoints.cli import bench as bench_cli
 from glowlm.testing.server import ServerProcess, start_server, stop_server
 from glowlm.testing.tiny_models import make_tiny_model
 
@@ -39,7 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def test_bench_serve_reports_figures_and_saves_json(server: ServerProcess,
                                                     tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "glowlm.entrypoints.cli.bench_serve", "--base-url",
+    cmd = [sys.executable, "-m", "glowlm.bench.serve", "--base-url",
            server.url, "--num-prompts", "8", "--request-rate", "inf", "--max-concurrency", "4",
            "--random-input-len", "16", "--random-output-len", "8", "--seed", "1",
            "--save-result", str(out), "--metadata", "case=tiny"]
@@ -71,7 +72,7 @@ def test_bench_serve_chat_sharegpt_percentiles_warmups_plots(server: ServerProce
                                                              tmp_path: Path) -> None:
     data = tmp_path / "sharegpt.json"
     data.write_text(json.dumps(SHAREGPT))
-    cmd = [sys.executable, "-m", "glowlm.entrypoints.cli.bench_serve", "--base-url",
+    cmd = [sys.executable, "-m", "glowlm.bench.serve", "--base-url",
            server.url, "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
            "--dataset-name", "sharegpt", "--dataset-path", str(data), "--num-prompts", "5",
            "--num-warmups", "2", "--max-concurrency", "2", "--percentile-metrics",
@@ -97,7 +98,7 @@ def test_bench_serve_prefix_repetition_hits_the_cache(server: ServerProcess,
     from glowlm.testing.server import scrape_metrics
 
     before = scrape_metrics(server.url, MODEL)["vllm:prefix_cache_hits_total"]
-    cmd = [sys.executable, "-m", "glowlm.entrypoints.cli.bench_serve", "--base-url",
+    cmd = [sys.executable, "-m", "glowlm.bench.serve", "--base-url",
            server.url, "--dataset-name", "prefix-repetition", "--num-prompts", "6",
            "--prefix-repetition-prefix-len", "64", "--prefix-repetition-suffix-len", "8",
            "--prefix-repetition-num-prefixes", "2", "--prefix-repetition-output-len", "4",
@@ -112,16 +113,16 @@ def test_bench_serve_prefix_repetition_hits_the_cache(server: ServerProcess,
     assert hits >= 4 * 64  # each prefix's later requests reuse its two 32-token blocks
 
 
-def test_register_serve_bench_adds_the_subcommand() -> None:
-    parser = argparse.ArgumentParser(prog="glowlm bench")
-    bench_serve.register_serve_bench(parser.add_subparsers(dest="bench"))
-    args = parser.parse_args(["serve", "--num-prompts", "3", "--request-rate", "2.5"])
+def test_the_bench_verb_has_the_serve_subcommand() -> None:
+    parser = argparse.ArgumentParser(prog="glowlm")
+    bench_cli.register(parser.add_subparsers(dest="verb"))
+    args = parser.parse_args(["bench", "serve", "--num-prompts", "3", "--request-rate", "2.5"])
     assert args.func is bench_serve.run
     assert (args.num_prompts, args.request_rate, args.max_concurrency) == (3, 2.5, None)
 
 
 def test_bench_serve_fails_clearly_without_a_server() -> None:
-    run = subprocess.run([sys.executable, "-m", "glowlm.entrypoints.cli.bench_serve",
+    run = subprocess.run([sys.executable, "-m", "glowlm.bench.serve",
                           "--base-url", "http://127.0.0.1:9", "--num-prompts", "1"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2

@@ -24,6 +24,7 @@ import torch
 from glowlm import LLM, SamplingParams
 from glowlm.errors import ModelLoadError
 from glowlm.model_loader import gguf as gguf_mod
+from glowlm.model_loader import gguf_weights
 from glowlm.model_loader.gguf_metadata import metadata_dir
 from glowlm.model_loader.resolve import resolve_model
 
@@ -50,7 +51,7 @@ def test_dequantize_matches_the_gguf_package(qtype):
     kind = gguf.GGMLQuantizationType[qtype]
     packed = gguf.quants.quantize(x, kind)
     want = gguf.quants.dequantize(packed, kind).astype(np.float32)
-    got = gguf_mod.dequantize(packed, qtype, (6, 96))
+    got = gguf_weights.dequantize(packed, qtype, (6, 96))
     torch.testing.assert_close(got, torch.from_numpy(want), atol=0, rtol=0)
 
 
@@ -71,7 +72,7 @@ def test_unpermute_inverts_the_converters_permutation():
     w = torch.arange(8 * 6 * 3, dtype=torch.float32).reshape(8 * 6, 3)
     n_head = 6
     permuted = w.reshape(n_head, 2, w.shape[0] // n_head // 2, 3).transpose(1, 2).reshape(w.shape)
-    assert torch.equal(gguf_mod._unpermute(permuted, n_head), w)
+    assert torch.equal(gguf_weights._unpermute(permuted, n_head), w)
 
 
 def test_a_file_that_is_not_gguf_is_one_line(tmp_path):

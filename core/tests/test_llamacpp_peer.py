@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from glowlm.bench import llamacpp_peer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # not installed
+import llamacpp_peer  # noqa: E402
 
 
 @pytest.fixture

@@ -195,12 +195,12 @@ def test_bench_tp_alternates_runs_between_two_loaded_engines(tiny_model_dir) -> 
     import subprocess
     import sys
 
-    from glowlm.distributed.bench_tp import pair_order
+    from glowlm.bench.tp import pair_order
 
     assert [pair_order((1, 2), r) for r in range(3)] == [(1, 2), (2, 1), (1, 2)]
     env = {**os.environ, "GLOWLM_CPU_KVCACHE_SPACE": "0.02"}
     proc = subprocess.run(
-        [sys.executable, "-m", "glowlm.distributed.bench_tp", str(tiny_model_dir("llama")),
+        [sys.executable, "-m", "glowlm.bench.tp", str(tiny_model_dir("llama")),
          "--rounds", "2", "--input-len", "8", "--output-len", "4", "--dtype", "float32"],
         env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,8 +1,8 @@
 """The public plugin API is the only door into core: every in-tree plugin (and the
 template in examples/) imports ``glowlm.plugin_api`` and nothing else from core; their
-tests and tools may also use the test kit (``glowlm.testing``) and the offline API
-(``from glowlm import LLM, SamplingParams``). Each declares the API version it was
-built for, and every name the API promises exists."""
+tests and tools (the x86 plugin's are in tools/x86) may also use the test kit
+(``glowlm.testing``) and the offline API (``from glowlm import LLM, SamplingParams``).
+Each declares the API version it was built for, and every name the API promises exists."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = sorted(p for p in [*ROOT.glob("plugins/*/glowlm_*"), *ROOT.glob("examples/*/glowlm_*"),
                               *ROOT.glob("kernels/glowlm_*")] if p.is_dir())
 TEST_DIRS = sorted([*ROOT.glob("plugins/*/tests"), *ROOT.glob("plugins/*/tools"),
+                    *ROOT.glob("tools/x86"),
                     *ROOT.glob("examples/*/tests"), *ROOT.glob("kernels/tests")])
 #: Plugin tests of core's measured linear choice with the plugin's candidates (dense, and
 #: the quantized layers' candidates on the plugin's compiled kernels): they test those core

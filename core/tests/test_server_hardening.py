@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from glowlm import envs
-from glowlm.entrypoints.cli.serve import http_settings
+from glowlm.entrypoints.cli.serve_settings import http_settings
 from glowlm.entrypoints.openai.engine_loop import RequestsCancelled
 from glowlm.entrypoints.openai.http_guard import APIKeyMiddleware
 from glowlm.entrypoints.openai.serving_base import stream_error

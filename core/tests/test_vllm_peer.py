@@ -1,4 +1,4 @@
-"""The vLLM CPU peer's glue (glowlm.bench.vllm_peer) and the peers report's ratios.
+"""The vLLM CPU peer's glue (tools/vllm_peer.py) and the peers report's ratios.
 
 vLLM itself runs only in its own venv (``make vllm-peer``), never in the test suite:
 these check what glowlm's side builds — the same prompt ids as the protocol, the
@@ -11,12 +11,15 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from glowlm.bench import protocol, vllm_peer
+from glowlm.bench import protocol
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))  # the peer scripts are tools/, not installed
+import vllm_peer  # noqa: E402
 
 
 def test_prompt_ids_are_the_protocols() -> None:
@@ -81,7 +84,7 @@ def test_the_script_refuses_a_missing_model_in_one_line(tmp_path: Path) -> None:
 
 def test_the_chart_script_needs_no_glowlm() -> None:
     for name in ("peers_chart.py", "vllm_peer.py"):
-        text = (REPO / "core/glowlm/bench" / name).read_text()
+        text = (REPO / "tools" / name).read_text()
         assert not re.search(r"^\s*(from|import)\s+glowlm", text, re.MULTILINE), name
 
 

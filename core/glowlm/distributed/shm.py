@@ -6,7 +6,7 @@ does two per layer. Here every rank of a group maps one file in ``/dev/shm``;
 a collective is "write my part into my slot, publish a stamp, wait for the
 stamps I need, read". A torch copy and an add on 8 KiB plus a handful of
 Python statements: ~10 us for 2,048 fp32 values between two ranks
-(``python -m glowlm.distributed.bench_allreduce``).
+(``glowlm bench allreduce``).
 
 Layout of a group's segment: a control block of int64 (``abort`` flag at 0,
 one stamp per rank after it), then two buffers of one slot per rank. Op number

@@ -1,19 +1,20 @@
-"""GGUF files: header and metadata, Hugging Face names, tensors dequantized on the fly.
+"""GGUF files: header and metadata, Hugging Face names, which layers run natively.
 
 A GGUF file carries everything a model directory does (config, tokenizer, chat
-template, weights) in one file, in llama.cpp's naming. glowlm reads it in two
-parts so the rest of the engine sees an ordinary Hugging Face model:
+template, weights) in one file, in llama.cpp's naming. glowlm reads it so the rest
+of the engine sees an ordinary Hugging Face model:
 
 * **Metadata** becomes a small directory (``config.json``, ``generation_config.json``,
   tokenizer files) under :envvar:`GLOWLM_GGUF_CACHE`, converted once per file
-  (:mod:`glowlm.model_loader.gguf_metadata`); this module reads the header.
-* **Tensors** are renamed to the Hugging Face names the models load, undo the two
-  layout changes llama.cpp's converter makes (Llama's q/k rows are permuted for its
-  rotary layout; Gemma's norm weights have the +1 baked in), and are dequantized to
-  the run dtype one tensor at a time, so peak memory stays the model plus one tensor.
-  Linear weights (and the LM head) of a block type the platform runs natively are
-  handed over as their blocks instead (:func:`native_quant_config`,
-  :mod:`glowlm.layers.quantization.gguf`); ``GLOWLM_GGUF_NATIVE=0`` dequantizes all.
+  (:mod:`glowlm.model_loader.gguf_metadata`); this module reads the header
+  (:func:`inspect`), names each tensor as the models load it (:func:`hf_name`) and
+  decides from the tensor types which linear weights (and the LM head) are handed over
+  as their blocks, in a block type the platform runs natively
+  (:func:`native_quant_config`, :mod:`glowlm.layers.quantization.gguf`;
+  ``GLOWLM_GGUF_NATIVE=0`` dequantizes all).
+* **Tensors** are :mod:`glowlm.model_loader.gguf_weights`'s: renamed, the converter's
+  layout changes undone, dequantized to the run dtype one tensor at a time (or split
+  into native blocks), so peak memory stays the model plus one tensor.
 
 Every problem a user can cause (not a GGUF file, a truncated file, an architecture
 or tensor type glowlm does not read) is one :class:`~glowlm.errors.ModelLoadError`
@@ -24,13 +25,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from glowlm.errors import ModelLoadError
 from glowlm.logger import init_logger
@@ -49,7 +48,7 @@ ARCHITECTURES = {
 #: Tensor types read (and what they are): the float types as they are, the rest
 #: dequantized (or run natively: glowlm.layers.quantization.gguf.NATIVE_TYPES).
 #: Q8_0/Q4_0/Q4_1 (32-element blocks, one scale (and min)) are dequantized in torch
-#: here; the K-quants and Q5 types through the ``gguf`` package's numpy code.
+#: (gguf_weights.dequantize); the K-quants and Q5 types through the ``gguf`` package.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K",
                    "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
@@ -170,7 +169,7 @@ def inspect(path: str | Path) -> GGUFInfo:
                     types, len(reader.tensors))
 
 
-# -- tensors ------------------------------------------------------------------------
+# -- names --------------------------------------------------------------------------
 
 
 def hf_name(arch: str, name: str) -> str | None:
@@ -188,126 +187,7 @@ def hf_name(arch: str, name: str) -> str | None:
     return None if base is None else f"{base}.{suffix}"
 
 
-def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row permutation (rotary pairs interleaved -> halves)."""
-    dim = w.shape[0] // n_head // 2
-    return w.reshape(n_head, dim, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-#: The 32-weight block types dequantized in torch; the rest through the gguf package.
-TORCH_TYPES = ("Q8_0", "Q4_0", "Q4_1")
-
-
-def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """One GGUF tensor as float32 of ``shape`` (rows, columns)."""
-    if type_name in ("F32", "F16"):
-        return torch.from_numpy(np.array(data, copy=True)).reshape(shape).float()
-    if type_name == "BF16":
-        raw = torch.from_numpy(np.array(data, copy=True).view(np.int16))
-        return raw.view(torch.bfloat16).reshape(shape).float()
-    if type_name in TORCH_TYPES:
-        # The blocks as the native path reads them (w = scale·q + offset, or
-        # scale·(q − zero) for an integer zero): the products ggml forms, so the values
-        # equal the gguf package's bitwise (tested).
-        from glowlm.layers.quantization.gguf import groups
-
-        q, scale, zero, offset = groups(data, type_name)
-        if zero is not None:
-            w = (q.float() - zero) * scale.unsqueeze(1)
-        else:
-            assert offset is not None
-            w = q.float() * scale.unsqueeze(1) + offset.unsqueeze(1)
-        return w.reshape(shape)
-    import gguf
-    from gguf.quants import dequantize as np_dequantize
-
-    out = np_dequantize(np.asarray(data), gguf.GGMLQuantizationType[type_name])
-    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(shape)
-
-
-def _rows(arch: str, name: str, n_head: int, n_kv: int, w: torch.Tensor) -> torch.Tensor:
-    """Undo the converter's per-row changes (Llama q/k permutation) on any row-major part."""
-    if arch == "llama" and n_head and ".q_proj." in name:
-        return _unpermute(w, n_head)
-    if arch == "llama" and n_head and ".k_proj." in name:
-        return _unpermute(w, n_kv)
-    return w
-
-
-def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype,
-                    native: Mapping[str, tuple[int, int]] | None = None
-                    ) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
-    """Yield ``(hf_name, load)`` for every tensor the model reads; ``load()`` dequantizes
-    that one tensor to ``dtype`` (floats) when called.
-
-    A weight whose module is in ``native`` (HF module name -> the (bits, group) its
-    layer runs in, from :func:`native_quant_config`) is yielded as its blocks instead:
-    ``<module>.gguf_q``, ``.gguf_scales`` and ``.gguf_zeros``
-    (:mod:`glowlm.layers.quantization.gguf`). With
-    ``lm_head`` native and the embeddings tied, ``token_embd`` is the LM head's blocks
-    (the embedding looks its rows up there; no dense copy is read).
-    """
-    path = Path(path)
-    native = native or {}
-    reader = _reader(path)
-    arch = field(reader, "general.architecture")
-    n_head = int(getattr(hf_config, "num_attention_heads", 0) or 0)
-    n_kv = int(getattr(hf_config, "num_key_value_heads", 0) or n_head)
-    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-    for t in reader.tensors:
-        name = hf_name(arch, t.name)
-        if name is None:
-            continue
-        # GGUF lists dimensions fastest-first; torch wants (rows, columns).
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        module = name.removesuffix(".weight") if name.endswith(".weight") else None
-        if module == "model.embed_tokens" and tied and "lm_head" in native:
-            module = "lm_head"
-        elif module == "lm_head" and tied:
-            module = None  # the tied model reads no output.weight
-        if module is not None and module in native:
-            yield from _native_parts(path, t, module, shape, native[module],
-                                     lambda n, w: _rows(arch, n, n_head, n_kv, w))
-            continue
-
-        def load(t: Any = t, name: str = name, shape: tuple[int, ...] = shape) -> torch.Tensor:
-            try:
-                w = dequantize(t.data, t.tensor_type.name, shape)
-            except (ValueError, RuntimeError) as exc:
-                raise ModelLoadError(f"{path}: cannot read tensor {t.name} "
-                                     f"({t.tensor_type.name}, {shape}): {exc}") from None
-            w = _rows(arch, name, n_head, n_kv, w)
-            if arch == "gemma3" and name.endswith("norm.weight"):
-                w = w - 1.0  # the converter stores Gemma's (1 + w); the model applies 1 + w
-            return w.to(dtype)
-
-        yield name, load
-
-
-def _native_parts(path: Path, t: Any, layer: str, shape: tuple[int, ...],
-                  fmt: tuple[int, int],
-                  rows: Callable[[str, torch.Tensor], torch.Tensor]
-                  ) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
-    """The three block tensors of one natively run weight, split once on first use."""
-    from glowlm.layers.quantization.gguf import split_blocks
-
-    parts: dict[str, torch.Tensor] = {}
-
-    def get(key: str) -> torch.Tensor:
-        if not parts:
-            try:
-                q, scales, zeros = split_blocks(t.data, t.tensor_type.name, shape, fmt[1],
-                                               fmt[0])
-            except (ValueError, RuntimeError) as exc:
-                raise ModelLoadError(f"{path}: cannot read tensor {t.name} "
-                                     f"({t.tensor_type.name}, {shape}): {exc}") from None
-            name = f"{layer}.weight"
-            parts.update(gguf_q=rows(name, q), gguf_scales=rows(name, scales),
-                         gguf_zeros=rows(name, zeros))
-        return parts.pop(key)
-
-    for key in ("gguf_q", "gguf_scales", "gguf_zeros"):
-        yield f"{layer}.{key}", (lambda key=key: get(key))
+# -- natively run layers -----------------------------------------------------------
 
 
 def native_quant_config(path: str | Path, stacked: list[tuple[str, str, Any]],

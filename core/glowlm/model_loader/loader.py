@@ -3,7 +3,7 @@
 The model is a local Hugging Face directory, a GGUF file, or an ``ORG/NAME`` id in
 the Hugging Face cache (:mod:`glowlm.model_loader.resolve`); a GGUF file's metadata
 is read through a converted directory and its tensors from the file itself
-(:mod:`glowlm.model_loader.gguf`).
+(:mod:`glowlm.model_loader.gguf`, :mod:`glowlm.model_loader.gguf_weights`).
 
 Every failure a user can cause (missing file, wrong shape, unknown architecture,
 pickle weights) becomes one :class:`~glowlm.errors.ModelLoadError` line naming the
@@ -137,11 +137,11 @@ def load_model(info: ModelDir, parts: ModelParts, allow_pickle: bool = False,
     """Build the model for ``parts`` (dtype, platform ops, backend) and read its weights."""
     cls = model_class(getattr(info.hf_config, "architectures", None))
     if info.gguf_file is not None:
-        from glowlm.model_loader import gguf
+        from glowlm.model_loader import gguf, gguf_weights
 
         native = info.gguf_native if getattr(parts.quant_config, "name", "") == "gguf" \
             else {}
-        tensors = gguf.iterate_tensors(info.gguf_file, info.hf_config, parts.dtype, native)
+        tensors = gguf_weights.iterate_tensors(info.gguf_file, info.hf_config, parts.dtype, native)
         total: int | None = gguf.count_tensors(info.gguf_file) + 2 * len(native)
     else:
         files = weight_files(info.path, allow_pickle)

@@ -1,6 +1,6 @@
 """Helpers for glowlm's tests and for plugin authors' contract tests (the ``dev`` extra).
 
-- :mod:`glowlm.testing.contract`: the platform contract suite;
+- :mod:`glowlm.testing.contract`: the platform contract suite (one module per kind of check);
 - :mod:`glowlm.testing.hosts`: recorded host dumps, as package data;
 - :mod:`glowlm.testing.tiny_models`: tiny seeded checkpoints of every architecture;
 - :mod:`glowlm.testing.server`: a real ``glowlm serve`` subprocess for HTTP tests;

@@ -153,7 +153,7 @@ def test_bench_tp_gemv_program_builds_and_reports_both_layouts() -> None:
     """``bench_linear.py --native avx2 --program tp`` (docs/parallelism.md) compiles
     csrc/test/bench_tp.cpp and prints TP = 1, TP = 2 and their ratio; a tiny shape here,
     so the figures mean nothing, only that the command a user runs works."""
-    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_linear.py"
+    tool = Path(__file__).resolve().parents[3] / "tools" / "x86" / "bench_linear.py"
     out = subprocess.run(
         [sys.executable, str(tool), "--native", "avx2", "--program", "tp", "--threads", "2",
          "--", "--reps", "1", "--layers", "1", "--hidden", "256", "--inter", "512", "--kv",

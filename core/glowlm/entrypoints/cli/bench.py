@@ -1,45 +1,44 @@
-"""``glowlm bench latency|throughput|roofline|serve``: the shared benchmark protocol.
+"""``glowlm bench KIND``: every benchmark users run, one subcommand each.
 
-Figures print as one human line per metric, or as JSON with ``--json``.
-``--compare-hf`` runs Hugging Face transformers on the same model and threads in
-the same run and prints the ratio (machines are noisy: compare within a run).
+This module is the verb only: each subcommand's flags and measurement live in
+:mod:`glowlm.bench` (one module per benchmark, each with ``add_arguments(parser)``
+setting ``func``), imported when the subcommand runs or its help is shown:
+
+- ``latency``, ``throughput``, ``roofline``: P1, P2 and the roofline on the offline
+  engine (:mod:`glowlm.bench.offline`);
+- ``serve``: load a running OpenAI-compatible server (:mod:`glowlm.bench.serve`);
+- ``suite``: the serving cases of ``benchmark/serving-tests-cpu.json``
+  (:mod:`glowlm.bench.suite`);
+- ``allreduce``: one shared-memory all-reduce between local ranks
+  (:mod:`glowlm.bench.allreduce`);
+- ``tp``: decode at TP = N against TP = 1, alternated runs (:mod:`glowlm.bench.tp`);
+- ``structured-mask``: what structured outputs cost per decode step
+  (:mod:`glowlm.bench.structured_mask`).
+
+The developer and peer harnesses (glowlm beside llama.cpp, vLLM and transformers;
+kernel microbenchmarks) are scripts in ``tools/`` (tools/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
-from typing import Any
-
-from glowlm.entrypoints.cli.engine_args import add_engine_args, engine_kwargs
+import importlib
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("bench", help="benchmarks: latency, throughput, roofline, serve")
+    p = subparsers.add_parser(
+        "bench", help="benchmarks: latency, throughput, roofline, serve, suite, allreduce, "
+                      "tp, structured-mask")
     sub = p.add_subparsers(dest="bench", metavar="KIND", required=True)
-    for kind, helptext in (("latency", "P1: single stream TTFT and decode tokens/s"),
-                           ("throughput", "P2: offline batch throughput"),
-                           ("roofline", "P1 decode as a fraction of the memory-bandwidth "
-                                        "limit")):
-        q = sub.add_parser(kind, help=helptext)
-        q.add_argument("model", help="model directory, .gguf file or ORG/NAME (HF cache)")
-        q.add_argument("--input-len", type=int, default=128)
-        q.add_argument("--output-len", type=int, default=128)
-        if kind == "throughput":
-            q.add_argument("--num-prompts", type=int, default=32)
-            q.add_argument("--shared-prefix-len", type=int, default=0,
-                           help="prepend the same random prefix of this length to every "
-                                "prompt (measures prefix caching; it stays on with this)")
-        else:
-            q.add_argument("--batch-size", type=int, default=1)
-            q.add_argument("--num-iters", type=int, default=3)
-        q.add_argument("--compare-hf", action="store_true",
-                       help="also run transformers on the same model and print the ratio")
-        q.add_argument("--json", action="store_true", help="print one JSON object")
-        add_engine_args(q)
-        q.set_defaults(func=run, kind=kind)
+    from glowlm.bench import offline
+
+    for kind, helptext in offline.KINDS.items():
+        offline.add_arguments(sub.add_parser(kind, help=helptext), kind)
+    serve = importlib.import_module("glowlm.bench.serve")
+    q = sub.add_parser("serve", help="load a running server and report throughput and latency",
+                       description=(serve.__doc__ or "").split("\n\n")[0] or None)
+    serve.add_arguments(q)
+    q.set_defaults(func=serve.run)
     suite = sub.add_parser(
         "suite", help="run the serving benchmark cases of a JSON file (benchmark/)",
         description="Run every case of benchmark/serving-tests-cpu.json (or SERVING_JSON): "
@@ -47,156 +46,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "benchmark/results/ with a .commands file. DRY_RUN=1 only writes the "
                     "commands; MODEL_FILTER and DTYPE_FILTER (regular expressions) select cases.")
     suite.set_defaults(func=lambda args: _suite())
-    from glowlm.entrypoints.cli.bench_serve import register_serve_bench
-
-    register_serve_bench(sub)
+    for kind, module, helptext in (
+            ("allreduce", "allreduce", "one shared-memory all-reduce between local ranks "
+                                       "(median and p90 time)"),
+            ("tp", "tp", "decode at TP = N against TP = 1 on one model, alternated runs"),
+            ("structured-mask", "structured_mask", "what structured outputs cost per "
+                                                   "decode step")):
+        mod = importlib.import_module(f"glowlm.bench.{module}")
+        mod.add_arguments(sub.add_parser(
+            kind, help=helptext, description=(mod.__doc__ or "").split("\n\n")[0] or None))
 
 
 def _suite() -> int:
     from glowlm.bench.suite import run_suite
 
     return run_suite()
-
-
-def _engine(args: argparse.Namespace):  # noqa: ANN202
-    from glowlm.config import EngineConfig
-    from glowlm.engine.llm_engine import LLMEngine
-
-    kwargs = engine_kwargs(args)
-    if not getattr(args, "shared_prefix_len", 0):
-        kwargs.setdefault("enable_prefix_caching", False)  # random prompts: nothing to share
-    from glowlm.executor import start_ranks
-
-    return LLMEngine(EngineConfig.create(args.model, online=False, **kwargs), ranks=start_ranks)
-
-
-def _context(engine: Any) -> dict[str, Any]:
-    import torch
-
-    from glowlm.platforms.interface import dtype_name
-
-    return {"platform": engine.platform.name, "isa": engine.platform.capabilities.isa,
-            "kernels": list(engine.platform.capabilities.kernels),
-            "dtype": dtype_name(engine.setup.parts.dtype), "threads": torch.get_num_threads(),
-            "model": str(engine.config.model)}
-
-
-def _prepared_bytes(prepared: Any) -> int:
-    """Bytes of the tensors a quantized method prepared (``layer.quant_weight``)."""
-    import dataclasses
-
-    import torch
-
-    if isinstance(prepared, torch.Tensor):
-        return prepared.nbytes
-    if dataclasses.is_dataclass(prepared):
-        return sum(_prepared_bytes(getattr(prepared, f.name))
-                   for f in dataclasses.fields(prepared))
-    if isinstance(prepared, (tuple, list)):
-        return sum(_prepared_bytes(p) for p in prepared)
-    return 0
-
-
-def weight_bytes(engine: Any) -> int:
-    """Bytes of weights read per decode step: parameters and quantized layers' prepared
-    weights, tied embeddings counted once, as the LM head (a dense embedding of its own
-    is a lookup, not a read)."""
-    model = engine.setup.model
-    embed = getattr(getattr(model, "model", model), "embed_tokens", None)
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    total += sum(_prepared_bytes(m.quant_weight) for m in model.modules()
-                 if hasattr(m, "quant_weight"))
-    embed_w = getattr(embed, "weight", None)
-    head_w = getattr(getattr(model, "lm_head", None), "weight", None)
-    if embed_w is not None and embed_w is not head_w and not getattr(model, "tied", False):
-        total -= embed_w.numel() * embed_w.element_size()
-    return total
-
-
-def run(args: argparse.Namespace) -> int:
-    from glowlm.bench import protocol
-
-    engine = _engine(args)
-    result: dict[str, Any] = {"case": args.kind, **_context(engine),
-                              "input_len": args.input_len, "output_len": args.output_len}
-    samples: list[protocol.Bandwidth] = []
-    huge = False
-    if args.kind == "roofline":
-        # The faster page size is the basis (weights in huge pages are held against what
-        # huge pages give); then the bandwidth is sampled around every P1 run, because
-        # on a shared VM it moves by tens of percent between minutes (docs/performance.md).
-        bw4k = protocol.read_bandwidth()
-        bw2m = protocol.read_bandwidth(huge_pages=True)
-        huge = bw2m.median_gbs > bw4k.median_gbs
-        result.update(read_bandwidth_4k_pages_gbs=round(bw4k.median_gbs, 2),
-                      read_bandwidth_2m_pages_gbs=round(bw2m.median_gbs, 2))
-    if args.kind in ("latency", "roofline"):
-        sample = (lambda: samples.append(protocol.read_bandwidth(repeats=3, huge_pages=huge))
-                  ) if args.kind == "roofline" else None
-        lat = protocol.measure_latency(engine, args.input_len, args.output_len,
-                                       args.batch_size, args.num_iters, between=sample)
-        result.update(batch_size=args.batch_size, ttft_ms=round(lat.ttft_ms, 1),
-                      decode_tokens_per_s=round(lat.decode_tokens_per_s, 3),
-                      python_overhead_fraction=round(lat.overhead_fraction, 4))
-    else:
-        thr = protocol.measure_throughput(engine, args.input_len, args.output_len,
-                                          args.num_prompts, args.shared_prefix_len)
-        result.update(shared_prefix_len=args.shared_prefix_len,
-                      prefix_caching=engine.config.enable_prefix_caching,
-                      prefix_cache_hit_rate=round(engine.block_manager.stats.hit_rate, 3),
-                      prompt_tokens_computed=engine.stats.prompt_tokens)
-        result.update(num_prompts=args.num_prompts, elapsed_s=round(thr.elapsed_s, 2),
-                      output_tokens_per_s=round(thr.output_tokens_per_s, 2),
-                      total_tokens_per_s=round(thr.total_tokens_per_s, 2),
-                      requests_per_s=round(thr.requests_per_s, 3))
-    if args.kind == "roofline":
-        _roofline(result, lat, samples, weight_bytes(engine), engine.setup.huge_page_bytes)
-    if args.compare_hf:
-        _compare_hf(args, engine, result)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>28}: {value}")
-    sys.stdout.flush()
-    return 0
-
-
-def _roofline(result: dict[str, Any], lat: Any, samples: list[Any], wbytes: int,
-              huge_bytes: int) -> None:
-    """Each P1 run against the mean of the bandwidth read just before and just after it;
-    the reported fraction is the median over runs (decode speed is a median too)."""
-    fractions, best = [], max(s.best_gbs for s in samples)
-    for i, run in enumerate(lat.runs):
-        around = (samples[i].median_gbs + samples[i + 1].median_gbs) / 2
-        fractions.append(run["decode_tokens_per_s"] * wbytes / (around * 1e9))
-    bw = statistics.median(s.median_gbs for s in samples)
-    result.update(read_bandwidth_samples_gbs=[round(s.median_gbs, 2) for s in samples],
-                  read_bandwidth_best_gbs=round(best, 2),
-                  weights_in_huge_pages_bytes=huge_bytes,
-                  read_bandwidth_gbs=round(bw, 2), weight_bytes=wbytes,
-                  roofline_tokens_per_s=round(bw * 1e9 / wbytes, 3),
-                  fraction_of_best_read=round(result["decode_tokens_per_s"]
-                                              / (best * 1e9 / wbytes), 3),
-                  fraction_of_roofline=round(statistics.median(fractions), 3))
-
-
-def _compare_hf(args: argparse.Namespace, engine: Any, result: dict[str, Any]) -> None:
-    from glowlm.bench import hf_peer
-
-    dtype = engine.setup.parts.dtype
-    model, vocab = str(engine.config.model), engine.vocab_size
-    if args.kind == "throughput":
-        hf = hf_peer.hf_throughput(model, dtype, args.input_len, args.output_len,
-                                   args.num_prompts, vocab)
-        result["hf_output_tokens_per_s"] = round(hf["output_tokens_per_s"], 2)
-        result["ratio_vs_hf"] = round(result["output_tokens_per_s"]
-                                      / hf["output_tokens_per_s"], 2)
-    else:
-        hf = hf_peer.hf_latency(model, dtype, args.input_len, args.output_len, vocab,
-                                iters=args.num_iters)
-        result["hf_ttft_ms"] = round(hf["ttft_ms"], 1)
-        result["hf_decode_tokens_per_s"] = round(hf["decode_tokens_per_s"], 3)
-        result["decode_ratio_vs_hf"] = round(result["decode_tokens_per_s"]
-                                             / hf["decode_tokens_per_s"], 2)
-        result["ttft_ratio_vs_hf"] = round(hf["ttft_ms"] / result["ttft_ms"], 2)

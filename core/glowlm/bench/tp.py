@@ -1,13 +1,13 @@
 """Decode speed at TP = N (one CPU share per rank) against TP = 1 (all CPUs), one model.
 
-``python -m glowlm.distributed.bench_tp MODEL [--tp 2] [--dtype bfloat16] [--rounds 6]``
-keeps two engines loaded side by side, each in its own process (TP = 1; TP = N, whose
-driver starts its ranks), and alternates single P1 runs between them: TP = 1, TP = N,
-then TP = N, TP = 1, and so on, one engine idle (its threads and ranks asleep in the
-kernel) while the other runs. It prints every run's decode tokens/s, the median of each
-engine and their ratio, the median of the per-pair ratios against issue #21's bar
-(TP = 2 >= 0.85 x TP = 1), the two-thread read measured just before every run, and the
-host.
+``glowlm bench tp MODEL [--tp 2] [--dtype bfloat16] [--rounds 6]`` (or ``python -m
+glowlm.bench.tp``) keeps two engines loaded side by side, each in its own process
+(TP = 1; TP = N, whose driver starts its ranks), and alternates single P1 runs between
+them: TP = 1, TP = N, then TP = N, TP = 1, and so on, one engine idle (its threads and
+ranks asleep in the kernel) while the other runs. It prints every run's decode
+tokens/s, the median of each engine and their ratio, the median of the per-pair ratios
+against issue #21's bar (TP = 2 >= 0.85 x TP = 1), the two-thread read measured just
+before every run, and the host.
 
 Why interleaved runs rather than fresh processes: on a shared VM the memory read moves
 between ~35 and ~64 GB/s from one minute to the next, and bf16 decode follows it. A
@@ -33,7 +33,7 @@ import subprocess
 import sys
 from typing import IO, Any
 
-from glowlm.distributed.bench_allreduce import _cpu_name
+from glowlm.bench.allreduce import cpu_name
 
 BAR = 0.85
 _TURN = "turn"  # a worker's line: loaded (or done with a run) and waiting for "go"
@@ -41,14 +41,13 @@ _TURN = "turn"  # a worker's line: loaded (or done with a run) and waiting for "
 
 def _worker(args: argparse.Namespace) -> int:
     """One engine: warm up, then one P1 run per "go" on stdin; the runs as JSON at the end."""
-    from glowlm.bench import protocol
-    from glowlm.entrypoints.cli import bench as bench_cli
+    from glowlm.bench import offline, protocol
 
     parser = argparse.ArgumentParser()
-    bench_cli.register(parser.add_subparsers())
-    cli = ["bench", "latency", args.model, "--dtype", args.dtype]
+    offline.add_arguments(parser, "latency")
+    cli = [args.model, "--dtype", args.dtype]
     cli += ["-tp", str(args.worker)] if args.worker > 1 else []
-    engine = bench_cli._engine(parser.parse_args(cli))
+    engine = offline.build_engine(parser.parse_args(cli))
 
     def turn() -> None:
         print(_TURN, flush=True)
@@ -57,12 +56,12 @@ def _worker(args: argparse.Namespace) -> int:
 
     lat = protocol.measure_latency(engine, args.input_len, args.output_len,
                                    iters=args.rounds, between=turn)
-    print(json.dumps({**bench_cli._context(engine), "runs": lat.runs}), flush=True)
+    print(json.dumps({**offline.context(engine), "runs": lat.runs}), flush=True)
     return 0
 
 
 def _start(tp: int, args: argparse.Namespace) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "glowlm.distributed.bench_tp", args.model, "--worker",
+    cmd = [sys.executable, "-m", "glowlm.bench.tp", args.model, "--worker",
            str(tp), "--dtype", args.dtype, "--input-len", str(args.input_len),
            "--output-len", str(args.output_len), "--rounds", str(args.rounds)]
     env = {**os.environ}
@@ -102,9 +101,8 @@ def pair_order(tps: tuple[int, int], round_index: int) -> tuple[int, int]:
     return tps if round_index % 2 == 0 else (tps[1], tps[0])
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m glowlm.distributed.bench_tp",
-                                description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``glowlm bench tp``."""
     p.add_argument("model", help="model directory (the llama-1b shape: make bench-models)")
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel size to compare")
     p.add_argument("--dtype", default="bfloat16")
@@ -113,7 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6,
                    help="P1 runs per engine, alternated (after one warm-up run each)")
     p.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="glowlm bench tp", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     if args.worker:
         return _worker(args)
     if args.tp < 2 or args.rounds < 1:
@@ -169,7 +176,7 @@ def report(args: argparse.Namespace, results: dict[int, dict[str, Any]],
     for r, (a, b) in enumerate(zip(speeds[1], speeds[args.tp], strict=True)):
         print(f"  pair {r + 1}: TP = 1 {a:.2f} tok/s (read {reads[1][r]:.0f} GB/s before), "
               f"TP = {args.tp} {b:.2f} tok/s (read {reads[args.tp][r]:.0f} GB/s): {b / a:.3f}")
-    print(f"CPU: {_cpu_name()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""OpenAI-compatible request and response models.
+"""The request models every OpenAI-compatible endpoint shares, and how bodies are parsed.
 
 Requests are parsed the way vLLM parses them: pydantic's lax mode (``"0.5"`` is
 accepted for a float, ``16.0`` for an integer; ``2.5`` is still not an
@@ -8,13 +8,13 @@ What cannot be served (a malformed value, an invalid schema, ``suffix``...) is
 a 400 naming the field. Numeric ranges are checked once, by
 :class:`~glowlm.sampling.params.SamplingParams`, not repeated here.
 
-The errors' shape is :mod:`~glowlm.entrypoints.openai.errors`'s; the responses
-sent whole are :mod:`~glowlm.entrypoints.openai.responses`'s.
+:class:`SamplingRequest` holds the fields completions and chat completions share
+(OpenAI's, then vLLM's extras) and turns them into ``SamplingParams``, output
+constraints (``structured_outputs``, ``guided_*``, ``response_format``) included.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import (
@@ -34,7 +34,7 @@ from glowlm.sampling.params import SamplingParams, StructuredOutputsParams
 logger = init_logger(__name__)
 
 #: JSON ints beyond this would overflow the int64 tensors the sampler builds.
-_INT_LIMIT = 2**62
+INT_LIMIT = 2**62
 
 
 def _ignored_fields(obj: BaseModel, where: str = "") -> list[str]:
@@ -60,9 +60,6 @@ def parse_request(model: type[BaseModel], body: bytes) -> Any:
         logger.warning("The following fields were present in the request but ignored: %s",
                        ", ".join(sorted(ignored)))
     return req
-
-
-# -- requests ------------------------------------------------------------------------------
 
 
 class OpenAIModel(BaseModel):
@@ -115,9 +112,9 @@ class SamplingRequest(OpenAIModel):
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int = Field(1, le=_INT_LIMIT)
+    n: int = Field(1, le=INT_LIMIT)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-_INT_LIMIT, le=_INT_LIMIT)
+    seed: int | None = Field(None, ge=-INT_LIMIT, le=INT_LIMIT)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stream: bool = False
@@ -127,18 +124,18 @@ class SamplingRequest(OpenAIModel):
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     # vLLM's extra sampling fields:
-    top_k: int | None = Field(None, ge=-_INT_LIMIT, le=_INT_LIMIT)
+    top_k: int | None = Field(None, ge=-INT_LIMIT, le=INT_LIMIT)
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int = Field(0, le=_INT_LIMIT)
+    min_tokens: int = Field(0, le=INT_LIMIT)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    prompt_logprobs: int | None = Field(None, le=_INT_LIMIT)
-    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=_INT_LIMIT)
+    prompt_logprobs: int | None = Field(None, le=INT_LIMIT)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT_LIMIT)
     structured_outputs: StructuredOutputs | None = None
     # vLLM's older names for structured_outputs:
     guided_json: dict[str, Any] | str | None = None
@@ -159,7 +156,7 @@ class SamplingRequest(OpenAIModel):
     @field_validator("stop_token_ids", "allowed_token_ids")
     @classmethod
     def _token_ids_in_range(cls, v: list[int] | None) -> list[int] | None:
-        if v and any(not 0 <= t < _INT_LIMIT for t in v):
+        if v and any(not 0 <= t < INT_LIMIT for t in v):
             raise ValueError("token ids must be non-negative integers")
         return v
 
@@ -235,135 +232,3 @@ class SamplingRequest(OpenAIModel):
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             truncate_prompt_tokens=self.truncate_prompt_tokens, structured_outputs=spec,
             max_logprobs=max_logprobs)
-
-
-class CompletionRequest(SamplingRequest):
-    #: A string, a list of strings, a list of token ids, or a list of such lists.
-    prompt: Any
-    max_tokens: int | None = Field(16, le=_INT_LIMIT)
-    logprobs: int | None = Field(None, le=_INT_LIMIT)
-    echo: bool = False
-    best_of: int | None = Field(None, le=_INT_LIMIT)
-    suffix: str | None = None
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v: str | None) -> str | None:
-        if v:
-            raise ValueError("suffix (insertion) is not supported by glowlm")
-        return v
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    """One message; extra keys (name, tool_call_id...) go to the chat template as given."""
-
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[TextPart] | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_only(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            for part in v:
-                if isinstance(part, dict) and part.get("type") not in (None, "text"):
-                    raise ValueError(f"content parts of type {part.get('type')!r} are not "
-                                     "supported; only 'text' parts are")
-        return v
-
-    def template_dict(self) -> dict[str, Any]:
-        """The message as chat templates expect it: content as one string, and tool-call
-        arguments as objects (OpenAI sends them as JSON text; templates index into them,
-        as vLLM prepares them)."""
-        out = self.model_dump(exclude_none=True)
-        if isinstance(self.content, list):
-            out["content"] = "".join(p.text for p in self.content)
-        calls = out.get("tool_calls")
-        if isinstance(calls, list):
-            fixed = []
-            for call in calls:
-                fn = call.get("function") if isinstance(call, dict) else None
-                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-                    try:
-                        call = {**call, "function": {**fn,
-                                                     "arguments": json.loads(fn["arguments"])}}
-                    except json.JSONDecodeError:
-                        pass
-                fixed.append(call)
-            out["tool_calls"] = fixed
-        return out
-
-
-class FunctionDefinition(OpenAIModel):
-    name: str = Field(min_length=1)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ChatTool(OpenAIModel):
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
-
-
-class NamedFunction(OpenAIModel):
-    name: str
-
-
-class NamedToolChoice(OpenAIModel):
-    type: Literal["function"] = "function"
-    function: NamedFunction
-
-
-class ChatCompletionRequest(SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, le=_INT_LIMIT)
-    max_completion_tokens: int | None = Field(None, le=_INT_LIMIT)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, le=_INT_LIMIT)
-    tools: list[ChatTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = True
-    # vLLM's extras:
-    add_generation_prompt: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _tool_choice_default(self) -> ChatCompletionRequest:
-        if self.tool_choice is None:  # OpenAI's default: auto with tools, else none
-            self.tool_choice = "auto" if self.tools else "none"
-        return self
-
-    def check_tools(self) -> None:
-        """``required`` and named choices need tools, and the named one must exist."""
-        choice = self.tool_choice
-        if choice in ("required",) or isinstance(choice, NamedToolChoice):
-            if not self.tools:
-                raise APIError("tool_choice needs tools", param="tool_choice")
-        if isinstance(choice, NamedToolChoice):
-            names = [t.function.name for t in self.tools or []]
-            if choice.function.name not in names:
-                raise APIError(f"tool_choice names {choice.function.name!r}, which is not "
-                               f"among the tools ({', '.join(names)})", param="tool_choice")
-
-
-class TokenizeRequest(OpenAIModel):
-    """vLLM's /tokenize: either a prompt or chat messages (rendered by the template)."""
-
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
-    return_token_strs: bool = False
-
-
-class DetokenizeRequest(OpenAIModel):
-    model: str | None = None
-    tokens: list[int]

@@ -1,6 +1,6 @@
 """Time one prefill, then profile a few decode steps of glowlm.LLM (top ops by self CPU time).
 
-Usage: python plugins/x86/tools/profile_decode.py MODEL [--platform x86] [--dtype bfloat16]
+Usage: python tools/x86/profile_decode.py MODEL [--platform x86] [--dtype bfloat16]
        [--threads N] [--input-len 128] [--steps 4]
 """
 

@@ -1,6 +1,6 @@
 """Per-decode-step time split (prepare / forward / sample / rest) from LLMEngine.stats.
 
-Usage: python plugins/x86/tools/step_overhead.py MODEL [--platform x86] [--dtype float32]
+Usage: python tools/x86/step_overhead.py MODEL [--platform x86] [--dtype float32]
 Runs one P1 request (128 random prompt ids, 128 forced output tokens) after a
 warm-up and prints milliseconds per decode step for each phase. "rest" is the
 step time not inside the runner (scheduling, detokenization, output building).

@@ -9,7 +9,7 @@
 #
 # Needs the Debian cross compilers (apt-get install g++-aarch64-linux-gnu
 # g++-s390x-linux-gnu); a target whose compiler is missing is reported and skipped.
-# Usage: plugins/x86/tools/cross_compile.sh [python]   (default .venv/bin/python)
+# Usage: tools/cross_compile.sh [python]   (default .venv/bin/python)
 set -euo pipefail
 
 PY=${1:-.venv/bin/python}

@@ -94,15 +94,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
 
-def register_serve_bench(bench_subparsers: argparse._SubParsersAction) -> None:
-    """Add ``serve`` to the ``glowlm bench`` verb's subparsers."""
-    p = bench_subparsers.add_parser(
-        "serve", help="load a running server and report throughput and latency",
-        description=__doc__.split("\n\n")[0] if __doc__ else None)
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
 async def _one(client: Any, url: str, payload: dict[str, Any], result: RequestResult) -> None:
     start = time.perf_counter()
     last = start

@@ -1,6 +1,6 @@
 """Time torch.nn.functional.linear (and the compiled x86 linear, when it loads) on llama-1b shapes.
 
-Usage: python plugins/x86/tools/bench_linear.py [--ms 1,2,4,8,16,32,128] [--dtypes bfloat16,float32]
+Usage: python tools/x86/bench_linear.py [--ms 1,2,4,8,16,32,128] [--dtypes bfloat16,float32]
 Prints the median ms per call and the GB/s of weight read / GFLOP/s achieved.
 
 ``--native ISA`` instead builds ``csrc/test/bench_gemv.cpp`` with that x86 variant's

@@ -1,9 +1,9 @@
 """Microbenchmark: one shared-memory all-reduce between local ranks.
 
-``python -m glowlm.distributed.bench_allreduce [--ranks 2] [--numel 2048]
-[--iters 2000] [--impl both|compiled|python]`` starts the ranks as processes
-(spawn, as the engine does), each pinned to its own CPU when there are enough,
-runs the all-reduce back to back and prints the median and 90th percentile time
+``glowlm bench allreduce [--ranks 2] [--numel 2048] [--iters 2000]
+[--impl both|compiled|python]`` (or ``python -m glowlm.bench.allreduce``) starts the
+ranks as processes (spawn, as the engine does), each pinned to its own CPU when there
+are enough, runs the all-reduce back to back and prints the median and 90th percentile time
 per all-reduce seen by rank 0, and the host CPU. The decode step of a TP engine
 does two such all-reduces per layer (attention output, MLP output) of
 ``tokens x hidden`` values.
@@ -24,12 +24,11 @@ import platform
 import statistics
 import time
 
-import torch
+# torch and the shared-memory group are imported where they run, so ``glowlm --help``
+# (which lists this subcommand) does not load them.
 
-from glowlm.distributed.shm import SPIN_SECONDS, ShmGroup, create_segment, unlink_segment
 
-
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
@@ -47,6 +46,10 @@ def _compiled_op() -> object | None:
 
 def _rank(path: str, world: int, rank: int, numel: int, iters: int, impl: str,
           queue: mp.Queue) -> None:
+    import torch
+
+    from glowlm.distributed.shm import SPIN_SECONDS, ShmGroup
+
     torch.set_num_threads(1)
     cpus = sorted(os.sched_getaffinity(0))
     # Spin before sleeping only when every rank has a CPU of its own (as an engine's
@@ -70,16 +73,18 @@ def _rank(path: str, world: int, rank: int, numel: int, iters: int, impl: str,
     queue.put((rank, times, ok))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m glowlm.distributed.bench_allreduce",
-                                description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``glowlm bench allreduce``."""
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--numel", type=int, default=2048, help="fp32 values per all-reduce")
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--impl", choices=("both", "compiled", "python"), default="both",
                    help="the platform's compiled all-reduce, the Python path, or both "
                         "(default; compiled only where the platform has it)")
-    args = p.parse_args(argv)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
     impls = ["compiled", "python"] if args.impl == "both" else [args.impl]
     if "compiled" in impls and _compiled_op() is None:
         from glowlm.platforms import current_platform
@@ -93,7 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="glowlm bench allreduce",
+                                description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
 def _run(args: argparse.Namespace, impl: str, bar: bool) -> int:
+    from glowlm.distributed.shm import create_segment, unlink_segment
+
     path = create_segment(args.ranks, "bench")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -123,7 +137,7 @@ def _run(args: argparse.Namespace, impl: str, bar: bool) -> int:
     print(f"shared-memory all-reduce ({impl}) of {args.numel} fp32 values, {args.ranks} "
           f"local ranks, {args.iters} iterations: median {med:.1f} us, p90 {p90:.1f} us "
           f"(result {'correct' if correct else 'WRONG'}); {verdict}"
-          f"CPU: {_cpu_name()}, {os.cpu_count()} CPUs, load average "
+          f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}")
     return 0 if correct else 1
 

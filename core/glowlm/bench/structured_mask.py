@@ -1,4 +1,4 @@
-"""Measure what structured outputs cost per decode step: ``python -m glowlm.sampling.bench_mask``.
+"""What structured outputs cost per decode step: ``glowlm bench structured-mask``.
 
 Per step and constrained row: llguidance's bitmask (``fill_bitmask``, which
 also consumes the token sampled last step), its unpacking to a ``[rows,
@@ -16,8 +16,6 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 SCHEMA = {
     "type": "object",
@@ -51,14 +49,24 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m glowlm.sampling.bench_mask",
-                                description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``glowlm bench structured-mask``."""
     p.add_argument("--tokenizer", help="tokenizer directory (default: the default model's)")
     p.add_argument("--rows", type=int, default=8, help="constrained rows per step (default 8)")
     p.add_argument("--steps", type=int, default=64, help="decode steps (default 64)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="glowlm bench structured-mask",
+                                description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
     from transformers import AutoTokenizer
 
     from glowlm.sampling.params import StructuredOutputsParams

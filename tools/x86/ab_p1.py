@@ -1,6 +1,6 @@
 """Interleaved A/B of P1 (TTFT and decode tok/s) between two platforms in one process.
 
-Usage: python plugins/x86/tools/ab_p1.py MODEL --dtype bfloat16 [--a x86] [--b generic]
+Usage: python tools/x86/ab_p1.py MODEL --dtype bfloat16 [--a x86] [--b generic]
        [--rounds 3] [--output-len 64]
 On a shared machine, run-to-run drift is larger than some differences being
 measured; alternating A and B runs in one process and comparing medians of each
