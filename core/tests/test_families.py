@@ -144,3 +144,18 @@ def test_existing_families_keep_their_names_and_mappings() -> None:
         assert ("qkv_proj", "q_proj", "q") in cls.stacked_params
     assert Gemma3ForCausalLM.sliding_window_attention
     assert not LlamaForCausalLM.sliding_window_attention
+
+
+@pytest.mark.parametrize("arch,sizes", [("granite", {"tensor_parallel_size": 2}),
+                                        ("smollm3", {"pipeline_parallel_size": 2})],
+                         ids=["granite-tp2", "smollm3-pp2"])
+def test_new_families_under_parallelism(tiny_model_dir, monkeypatch, arch: str,  # noqa: ANN001
+                                        sizes: dict[str, int]) -> None:
+    """Granite's residual multiplier after the row-parallel all-reduce and its logit
+    divisor on a vocabulary-sharded head; SmolLM3's NoPE layer on the second stage."""
+    from glowlm.testing.parallel import greedy_tokens, rank_env, reference_tokens
+
+    for k, v in rank_env().items():
+        monkeypatch.setenv(k, v)
+    model = tiny_model_dir(arch)
+    assert greedy_tokens(model, **sizes) == reference_tokens(model)
