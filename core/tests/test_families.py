@@ -16,6 +16,7 @@ import shutil
 import pytest
 import torch
 from glowlm import LLM, SamplingParams
+from glowlm.errors import PluginError
 from glowlm.models import decoder, registry
 from glowlm.models.decoder import SANDWICH, DecoderLM, DecoderSpec, GatedMLP
 from glowlm.testing.pruning import assert_pruned_prefill_matches
@@ -125,6 +126,8 @@ def test_declarations_are_checked_when_made() -> None:
     with pytest.raises(ValueError, match="fused='rms' is Llama's layer"):
         DecoderSpec(norms=SANDWICH)  # the Llama fused form has no branch-output norms
     assert DecoderSpec(norms=SANDWICH, fused="decoder").norms is SANDWICH
+    with pytest.raises(PluginError, match="mlp kind 'gated' is already registered"):
+        decoder.register_mlp_kind("gated", GatedMLP.__call__)  # one owner per kind name
 
 
 def test_existing_families_keep_their_names_and_mappings() -> None:

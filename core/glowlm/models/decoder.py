@@ -46,7 +46,7 @@ from torch import nn
 
 from glowlm.attention.backend import AttentionMetadata
 from glowlm.distributed.parallel import PPMissingLayer, own_layers
-from glowlm.errors import ModelLoadError
+from glowlm.errors import ModelLoadError, PluginError
 from glowlm.layers.activation import GatedActivation
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
@@ -55,7 +55,7 @@ from glowlm.layers.fused import FusedLayer, FusedStack, projection_weights
 from glowlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from glowlm.layers.norm import GemmaRMSNorm, RMSNorm
 from glowlm.layers.rotary import RotaryEmbedding, rope_settings
-from glowlm.models.base import CausalLM, StackedMapping, prune_rows
+from glowlm.models.base import CausalLM, prune_rows
 from glowlm.ops.fused import DecoderLayerWeights, RmsDecoderWeights, Rotary
 from glowlm.ops.table import OpsTable
 
@@ -231,6 +231,14 @@ def _number(fn: ConfigNumber | None, config: Any) -> float | None:
     return None if value is None or float(value) == 1.0 else float(value)
 
 
+def _register(table: dict[str, Any], what: str, name: str, factory: Any) -> None:
+    """One owner per kind name, as for architectures (``register_model``): a second
+    factory under a taken name would silently change every family that uses it."""
+    if name in table and table[name] is not factory:
+        raise PluginError(f"{what} kind {name!r} is already registered ({table[name]!r})")
+    table[name] = factory
+
+
 # --- norms ---------------------------------------------------------------------------
 
 #: ``factory(size, eps, parts, prefix)`` -> a norm module with RMSNorm's call convention
@@ -245,7 +253,7 @@ NORM_KINDS: dict[str, NormFactory] = {
 
 def register_norm_kind(name: str, factory: NormFactory) -> None:
     """Make ``DecoderSpec(norm=name)`` build norms with ``factory``."""
-    NORM_KINDS[name] = factory
+    _register(NORM_KINDS, 'norm', name, factory)
 
 
 # --- MLPs ----------------------------------------------------------------------------
@@ -292,7 +300,7 @@ MLP_KINDS: dict[str, MlpFactory] = {"gated": GatedMLP}
 
 def register_mlp_kind(name: str, factory: MlpFactory) -> None:
     """Make ``DecoderSpec(mlp=name)`` build each layer's ``mlp`` with ``factory``."""
-    MLP_KINDS[name] = factory
+    _register(MLP_KINDS, 'mlp', name, factory)
 
 
 # --- heads ---------------------------------------------------------------------------
@@ -334,7 +342,7 @@ HEAD_KINDS: dict[str, HeadFactory] = {"lm": lm_head}
 
 def register_head_kind(name: str, factory: HeadFactory) -> None:
     """Make ``DecoderSpec(head=name)`` build the model's head with ``factory``."""
-    HEAD_KINDS[name] = factory
+    _register(HEAD_KINDS, 'head', name, factory)
 
 
 # --- fused forms ---------------------------------------------------------------------
@@ -604,15 +612,22 @@ class DecoderModel(nn.Module):
 
 
 class DecoderLM(CausalLM):
-    """A causal LM whose family is the class attribute ``family``."""
+    """A causal LM of the shared decoder: a subclass sets ``family`` and nothing else.
+
+    The parameter names are the checkpoint's (``model.layers.{i}.self_attn.qkv_proj``,
+    ``lm_head``), which weight loading, GGUF renaming and quantization methods key on.
+    """
 
     family: ClassVar[DecoderSpec] = DecoderSpec()
+    lm_head: ParallelLMHead
+    #: the LM head shares the embedding (the checkpoint's ``lm_head.weight`` is skipped)
+    tied: bool
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # The loader reads these from the class, before a model is built.
         super().__init_subclass__(**kwargs)
         spec = cls.family
-        cls.stacked_params: StackedMapping = [tuple(s) for s in spec.stacked]  # type: ignore[misc]
+        cls.stacked_params = list(spec.stacked)
         #: sliding layers attend within ``config.sliding_window`` (the backend masks the
         #: rest), so the window does not bound the context (``resolve_max_model_len``).
         cls.sliding_window_attention = spec.layer_types is not all_full
