@@ -1,9 +1,11 @@
 """Decoder families as declarations (glowlm/models/decoder.py).
 
-Granite and SmolLM3 are families added as declarations only (glowlm/models/granite.py,
-smollm3.py): greedy tokens and prompt log-probabilities must be transformers' on tiny
-random checkpoints (Granite's four multipliers all away from 1; SmolLM3's last layer
-without rotary, so the pruned prefill runs a NoPE layer). A family declared inside a
+Granite, SmolLM3 and OLMo 2 are families added as declarations only
+(glowlm/models/granite.py, smollm3.py, olmo2.py): greedy tokens and prompt
+log-probabilities must be transformers' on tiny random checkpoints (Granite's four
+multipliers all away from 1; SmolLM3's last layer without rotary, so the pruned prefill
+runs a NoPE layer; OLMo 2's norms after the branches, random q/k norm weights over the
+whole projection). A family declared inside a
 test shows the mechanism end to end: an MLP kind registered by name, checkpoint
 renames, and the model registered under an architecture of its own.
 """
@@ -24,7 +26,8 @@ from glowlm.testing.tiny_models import SMALL_ENGINE as SMALL
 from glowlm.testing.tiny_models import VOCAB
 
 MAX_TOKENS = 16
-NEW_FAMILIES = {"granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+NEW_FAMILIES = {"granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                "olmo2": "Olmo2ForCausalLM"}
 
 
 @pytest.fixture(params=sorted(NEW_FAMILIES))
@@ -139,10 +142,11 @@ def test_existing_families_keep_their_names_and_mappings() -> None:
         Qwen2ForCausalLM,
         Qwen3ForCausalLM,
     )
+    from glowlm.models.olmo2 import Olmo2ForCausalLM
     from glowlm.models.smollm3 import SmolLM3ForCausalLM
 
     for cls in (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-                Gemma3ForCausalLM, GraniteForCausalLM, SmolLM3ForCausalLM):
+                Gemma3ForCausalLM, GraniteForCausalLM, SmolLM3ForCausalLM, Olmo2ForCausalLM):
         assert registry.model_class([cls.__name__]) is cls
         assert ("qkv_proj", "q_proj", "q") in cls.stacked_params
     assert Gemma3ForCausalLM.sliding_window_attention
@@ -150,12 +154,14 @@ def test_existing_families_keep_their_names_and_mappings() -> None:
 
 
 @pytest.mark.parametrize("arch,sizes", [("granite", {"tensor_parallel_size": 2}),
-                                        ("smollm3", {"pipeline_parallel_size": 2})],
-                         ids=["granite-tp2", "smollm3-pp2"])
+                                        ("smollm3", {"pipeline_parallel_size": 2}),
+                                        ("olmo2", {"pipeline_parallel_size": 2})],
+                         ids=["granite-tp2", "smollm3-pp2", "olmo2-pp2"])
 def test_new_families_under_parallelism(tiny_model_dir, monkeypatch, arch: str,  # noqa: ANN001
                                         sizes: dict[str, int]) -> None:
     """Granite's residual multiplier after the row-parallel all-reduce and its logit
-    divisor on a vocabulary-sharded head; SmolLM3's NoPE layer on the second stage."""
+    divisor on a vocabulary-sharded head; SmolLM3's NoPE layer on the second stage;
+    OLMo 2's residual stream (no pre-branch norm) handed from stage to stage."""
     from glowlm.testing.parallel import greedy_tokens, rank_env, reference_tokens
 
     for k, v in rank_env().items():

@@ -169,8 +169,9 @@ class DecoderSpec:
     #: q/k/v and o biases; None: ``config.attention_bias``.
     qkv_bias: bool | None = None
     o_bias: bool | None = None
-    #: RMS-norm q and k over each head before rotary (Qwen3, Gemma 3), in :attr:`norm`'s kind.
-    qk_norm: bool = False
+    #: Norms of q and k before rotary, in :attr:`norm`'s kind: ``"head"`` over each head
+    #: (Qwen3, Gemma 3), ``"projection"`` over the whole q and k projections (OLMo 2).
+    qk_norm: str | None = None
     #: The attention scale ``f(config, head_size)``; None: ``head_size ** -0.5``.
     query_scale: Callable[[Any, int], float] | None = None
     #: Per-layer ``sliding_attention`` / ``full_attention``; a sliding layer attends
@@ -217,6 +218,9 @@ class DecoderSpec:
                                   (self.head, HEAD_KINDS, "head")):
             if kind not in table:
                 raise ValueError(f"DecoderSpec {what}={kind!r} is not one of {sorted(table)}")
+        if self.qk_norm not in (None, "head", "projection"):
+            raise ValueError(f"DecoderSpec qk_norm={self.qk_norm!r} is not None, 'head' or "
+                             "'projection'")
         if self.fused is not None and self.fused not in FUSED_FORMS:
             raise ValueError(f"DecoderSpec fused={self.fused!r} is not one of "
                              f"{sorted(FUSED_FORMS)}")
@@ -432,10 +436,18 @@ class DecoderAttention(nn.Module):
                                         f"{prefix}.o_proj")
         self.rotary = rotary  # shared by the layers with the same settings
         self.q_norm = self.k_norm = None
-        if spec.qk_norm:
+        #: q/k norms over the whole projection rather than each head
+        self.qk_norm_projection = spec.qk_norm == "projection"
+        if spec.qk_norm is not None:
             norm, eps = NORM_KINDS[spec.norm], config.rms_norm_eps
-            self.q_norm = norm(self.head_size, eps, parts, f"{prefix}.q_norm")
-            self.k_norm = norm(self.head_size, eps, parts, f"{prefix}.k_norm")
+            q_size, kv_size = self.head_size, self.head_size
+            if self.qk_norm_projection:
+                if tp > 1:  # the mean square would need the other ranks' heads
+                    raise ModelLoadError("q/k norms over the whole projection (OLMo 2) are "
+                                         "not supported with tensor parallelism")
+                q_size, kv_size = self.q_size, self.kv_size
+            self.q_norm = norm(q_size, eps, parts, f"{prefix}.q_norm")
+            self.k_norm = norm(kv_size, eps, parts, f"{prefix}.k_norm")
         scale = (spec.query_scale(config, self.head_size) if spec.query_scale is not None
                  else self.head_size ** -0.5)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_size, float(scale),
@@ -444,9 +456,11 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm_projection:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.reshape(q.shape[0], -1, self.head_size)
         k = k.reshape(k.shape[0], -1, self.head_size)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_projection:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(positions, q, k)
@@ -480,6 +494,7 @@ class DecoderLayer(nn.Module):
         # unscaled residual adds only, and a window only where it carries one per layer;
         # other layers run their modules.
         applies = (form is not None and rotary is not None and self.residual_scale is None
+                   and not self.self_attn.qk_norm_projection
                    and hasattr(self.mlp, "fused_parts") and "pre_attn" in self._roles
                    and "pre_mlp" in self._roles and (form.per_layer_window or window is None))
         describe = form.describe if form is not None else None

@@ -68,7 +68,7 @@ def _check(config: Any) -> None:
 
 
 GEMMA3 = DecoderSpec(
-    norm="gemma_rms", norms=SANDWICH, qk_norm=True,
+    norm="gemma_rms", norms=SANDWICH, qk_norm="head",
     query_scale=lambda config, head_size: float(config.query_pre_attn_scalar) ** -0.5,
     layer_types=layer_types, rope=local_global_rope,
     activation_keys=("hidden_activation", "hidden_act"),

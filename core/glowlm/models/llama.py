@@ -13,7 +13,7 @@ LLAMA = DecoderSpec()
 #: q, k, v always biased, o never (Qwen2's attention ignores ``attention_bias``).
 QWEN2 = DecoderSpec(qkv_bias=True, o_bias=False)
 #: RMSNorm over each q and k head before rotary.
-QWEN3 = DecoderSpec(qk_norm=True)
+QWEN3 = DecoderSpec(qk_norm="head")
 
 
 class LlamaForCausalLM(DecoderLM):

@@ -24,6 +24,7 @@ _MODELS: dict[str, str] = {
     "Gemma3ForCausalLM": "glowlm.models.gemma3:Gemma3ForCausalLM",
     "GraniteForCausalLM": "glowlm.models.granite:GraniteForCausalLM",
     "SmolLM3ForCausalLM": "glowlm.models.smollm3:SmolLM3ForCausalLM",
+    "Olmo2ForCausalLM": "glowlm.models.olmo2:Olmo2ForCausalLM",
 }
 
 
