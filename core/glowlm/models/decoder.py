@@ -1,14 +1,15 @@
 """One RMSNorm-family decoder; a model family is a :class:`DecoderSpec` declaring how it differs.
 
-Llama, Mistral, Qwen2/3, Gemma 3 and Granite run the same math: embed, then per layer
-``norm -> attention (rotary q/k) -> residual add -> norm -> gated MLP -> residual add``,
-then a final norm and the LM head. What sets one family apart is a handful of choices:
-the norm's formula and where norms sit, biases, q/k norms, the attention scale, which
-layers attend within a window and with which rotary table, the MLP, constant multipliers
-(embeddings, residual branches, logits) and how checkpoint tensors are named. Writing
-each family as a copy of the decoder with its own choices let the copies drift (a fix
-to one model's pruned prefill or pipeline stage had to be made once per file); here the
-choices are data and :class:`DecoderModel` / :class:`DecoderLM` implement the math once.
+Llama, Mistral, Qwen2/3, Gemma 3, Granite, SmolLM3 and OLMo 2 run the same math: embed,
+then per layer ``attention (rotary q/k) -> residual add -> gated MLP -> residual add``
+with RMSNorms around the branches, then a final norm and the LM head. What sets one
+family apart is a handful of choices: the norm's formula and where norms sit, biases,
+q/k norms, the attention scale, which layers attend within a window and with which
+rotary table, the MLP, constant multipliers (embeddings, residual branches, logits) and
+how checkpoint tensors are named. Writing each family as a copy of the decoder with its
+own choices let the copies drift (a fix to one model's pruned prefill or pipeline stage
+had to be made once per file); here the choices are data and :class:`DecoderModel` /
+:class:`DecoderLM` implement the math once.
 
 A new family is a frozen :class:`DecoderSpec` and a subclass naming it::
 
@@ -30,8 +31,9 @@ Fused fast paths: a layer describes itself in the form its family's ``fused`` na
 the platform's ``rms_decoder_layer`` / ``rms_decoder_stack``), ``"decoder"`` the general
 description (:class:`~glowlm.ops.fused.DecoderLayerWeights`, the platform's own
 ``decoder_layer`` / ``decoder_stack``: Gemma 3's sandwich norms and windows). A layer
-whose configuration the form cannot express (a residual multiplier, no rotary, an MLP
-kind without a fused description) runs its modules, which always define the result.
+whose configuration the form cannot express (a residual multiplier, no rotary, q/k norms
+over the whole projection, a window in the Llama form, an MLP kind without a fused
+description) runs its modules, which always define the result.
 """
 
 from __future__ import annotations
