@@ -22,6 +22,9 @@ _MODELS: dict[str, str] = {
     "OPTForCausalLM": "glowlm.models.opt:OPTForCausalLM",
     "GPT2LMHeadModel": "glowlm.models.gpt2:GPT2LMHeadModel",
     "Gemma3ForCausalLM": "glowlm.models.gemma3:Gemma3ForCausalLM",
+    "GraniteForCausalLM": "glowlm.models.granite:GraniteForCausalLM",
+    "SmolLM3ForCausalLM": "glowlm.models.smollm3:SmolLM3ForCausalLM",
+    "Olmo2ForCausalLM": "glowlm.models.olmo2:Olmo2ForCausalLM",
 }
 
 

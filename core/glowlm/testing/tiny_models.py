@@ -15,8 +15,11 @@ import torch
 VOCAB = 384
 #: Architectures whose layers the platforms' fused decoder ops cover (their tests ask for them).
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
-#: Every tiny architecture: Gemma 3 always runs its modules (glowlm/models/gemma3.py).
-ALL_ARCHITECTURES = (*ARCHITECTURES, "gemma3")
+#: Every tiny architecture: Gemma 3 runs its modules or a platform's own decoder ops
+#: (glowlm/models/gemma3.py); the tiny Granite's multipliers keep its layers on their
+#: modules (glowlm/models/granite.py), and so do SmolLM3's layers without rotary and
+#: OLMo 2's post-branch norms.
+ALL_ARCHITECTURES = (*ARCHITECTURES, "gemma3", "granite", "smollm3", "olmo2")
 #: The tiny Gemma 3's local layers' window: prompts of a few dozen tokens outrun it,
 #: and it does not divide the 32-token blocks, so windows start mid-block.
 GEMMA3_WINDOW = 12
@@ -88,6 +91,18 @@ def hf_config(arch: str, **overrides: Any) -> Any:
             rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
             rope_scaling={"rope_type": "linear", "factor": 2.0}, **common)
         cfg.architectures = ["Gemma3ForCausalLM"]
+    elif arch == "granite":
+        # Every multiplier away from 1 (and the attention scale from head_dim ** -0.5), so
+        # a missing one changes the tokens; untied head, biased attention.
+        cfg = tf.GraniteConfig(**llama_like, tie_word_embeddings=False, attention_bias=True,
+                               embedding_multiplier=3.0, residual_multiplier=0.5,
+                               attention_multiplier=0.2, logits_scaling=1.5)
+    elif arch == "smollm3":
+        # Four layers, the last without rotary (the pruned prefill's layer); tied head.
+        cfg = tf.SmolLM3Config(**{**llama_like, "num_hidden_layers": 4},
+                               tie_word_embeddings=True)
+    elif arch == "olmo2":
+        cfg = tf.Olmo2Config(**llama_like, tie_word_embeddings=False)
     else:
         raise ValueError(f"unknown tiny architecture {arch!r}; use one of {ALL_ARCHITECTURES}")
     for k, v in overrides.items():
@@ -114,6 +129,9 @@ def make_tiny_model(arch: str, out: str | Path, seed: int = 0,
             elif arch == "gemma3" and "norm" in name:
                 # Gemma norms scale by 1 + w and start at w = 0; random w tests the 1.
                 p.normal_(0.0, 0.5)
+            elif arch == "olmo2" and "norm" in name:
+                # OLMo 2's q/k norms span all heads: random w shows a per-head norm.
+                p.uniform_(0.5, 1.5)
     model.save_pretrained(out)
     return out
 
