@@ -124,8 +124,9 @@ def test_a_family_declared_in_a_test(tiny_model_dir, tmp_path, monkeypatch) -> N
 
 
 def test_declarations_are_checked_when_made() -> None:
-    with pytest.raises(ValueError, match="mlp='moe' is not one of"):
-        DecoderSpec(mlp="moe")
+    with pytest.raises(ValueError, match="mlp='no-such-mlp' is not one of"):
+        class Misspelt(DecoderLM):  # the kinds are checked when the family is declared
+            family = DecoderSpec(mlp="no-such-mlp")
     with pytest.raises(ValueError, match="fused='rms' is Llama's layer"):
         DecoderSpec(norms=SANDWICH)  # the Llama fused form has no branch-output norms
     assert DecoderSpec(norms=SANDWICH, fused="decoder").norms is SANDWICH

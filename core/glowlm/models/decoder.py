@@ -48,308 +48,48 @@ from torch import nn
 
 from glowlm.attention.backend import AttentionMetadata
 from glowlm.distributed.parallel import PPMissingLayer, own_layers
-from glowlm.errors import ModelLoadError, PluginError
-from glowlm.layers.activation import GatedActivation
+from glowlm.errors import ModelLoadError
 from glowlm.layers.attention import Attention
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from glowlm.layers.fused import FusedLayer, FusedStack, projection_weights
-from glowlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from glowlm.layers.norm import GemmaRMSNorm, RMSNorm
-from glowlm.layers.rotary import RotaryEmbedding, rope_settings
+from glowlm.layers.linear import QKVParallelLinear, RowParallelLinear
+from glowlm.layers.rotary import RotaryEmbedding
 from glowlm.models.base import CausalLM, prune_rows
+from glowlm.models.kinds import (
+    HEAD_KINDS,
+    MLP_KINDS,
+    NORM_KINDS,
+    GatedMLP,
+    register_head_kind,
+    register_mlp_kind,
+    register_norm_kind,
+)
+from glowlm.models.spec import (
+    FULL,
+    LLAMA_STACKED,
+    PRE_NORM,
+    SANDWICH,
+    SLIDING,
+    DecoderSpec,
+    NormPlacement,
+    RopeSettings,
+    all_full,
+    config_number,
+    layer_types,
+    local_global_rope,
+    rope_for,
+    single_rope,
+)
 from glowlm.ops.fused import DecoderLayerWeights, RmsDecoderWeights, Rotary
 from glowlm.ops.table import OpsTable
 
-SLIDING, FULL = "sliding_attention", "full_attention"
-
-#: q, k, v into ``qkv_proj`` and gate, up into ``gate_up_proj``: every family here.
-LLAMA_STACKED: tuple[tuple[str, str, str | int], ...] = (
-    ("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
-    ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1))
-
-#: ``(theta, rope_scaling)`` of a layer, or None for a layer without rotary positions.
-RopeSettings = tuple[float, dict[str, Any] | None] | None
-#: ``rope(config, layer_index, layer_type)``.
-RopeFn = Callable[[Any, int, str], RopeSettings]
-#: A number read from the config (None or 1.0: nothing to apply).
-ConfigNumber = Callable[[Any], float | None]
-
-
-def single_rope(config: Any, index: int, layer_type: str) -> RopeSettings:
-    """Every layer: one ``rope_theta`` and the config's ``rope_scaling`` (Llama 3.1's too)."""
-    return rope_settings(config)
-
-
-def all_full(config: Any) -> list[str]:
-    """Every layer attends to the whole context."""
-    return [FULL] * config.num_hidden_layers
-
-
-def layer_types(config: Any) -> list[str]:
-    """``sliding_attention`` / ``full_attention`` per layer: ``config.layer_types``, or
-    the older ``sliding_window_pattern`` (every n-th layer global, the rest local)."""
-    n = config.num_hidden_layers
-    types = getattr(config, "layer_types", None)
-    if not types:
-        pattern = int(getattr(config, "sliding_window_pattern", None)
-                      or getattr(config, "_sliding_window_pattern", None) or 6)
-        types = [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
-    types = list(types)
-    if len(types) != n or not set(types) <= {SLIDING, FULL}:
-        raise ModelLoadError(f"config layer_types must list {n} of {SLIDING!r} / {FULL!r}, "
-                             f"got {types!r}")
-    return types
-
-
-def rope_for(config: Any, layer_type: str) -> tuple[float, dict[str, Any] | None]:
-    """``(theta, scaling)`` of one layer type, from transformers 5's per-type
-    ``rope_parameters`` or the older ``rope_local_base_freq`` / ``rope_theta`` +
-    ``rope_scaling`` (local layers are never scaled): Gemma 3's local/global rotary."""
-    rope = getattr(config, "rope_parameters", None) or {}
-    params = rope.get(layer_type)
-    flat = rope if "rope_theta" in rope else {}  # one set for every layer: the global one
-    if isinstance(params, dict) and params:
-        theta, scaling = float(params["rope_theta"]), dict(params)
-    elif layer_type == SLIDING:
-        theta, scaling = float(getattr(config, "rope_local_base_freq", None) or 10000.0), None
-    else:
-        theta = float(flat.get("rope_theta") or getattr(config, "rope_theta", None)
-                      or 1_000_000.0)
-        scaling = getattr(config, "rope_scaling", None) or (dict(flat) if flat else None)
-    if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) \
-            == "default":
-        scaling = None
-    return theta, scaling
-
-
-def local_global_rope(config: Any, index: int, layer_type: str) -> RopeSettings:
-    """Local (windowed) and global layers each with their own table (:func:`rope_for`)."""
-    return rope_for(config, layer_type)
-
-
-@dataclass(frozen=True)
-class NormPlacement:
-    """Which norms a layer has, by their checkpoint names (None: that norm is absent).
-
-    ``pre_attn`` / ``pre_mlp`` normalise a branch's input (and add the residual);
-    ``post_attn`` / ``post_mlp`` normalise a branch's output before it joins the residual.
-    """
-
-    pre_attn: str | None = "input_layernorm"
-    post_attn: str | None = None
-    pre_mlp: str | None = "post_attention_layernorm"
-    post_mlp: str | None = None
-
-    def names(self) -> list[tuple[str, str]]:
-        """``(role, checkpoint name)`` of the norms present."""
-        return [(role, name) for role in ("pre_attn", "post_attn", "pre_mlp", "post_mlp")
-                if (name := getattr(self, role)) is not None]
-
-
-#: Llama's: a norm before each branch (Llama's pre-MLP norm is "post_attention_layernorm").
-PRE_NORM = NormPlacement()
-#: Gemma's "sandwich": a norm before and after each branch.
-SANDWICH = NormPlacement("input_layernorm", "post_attention_layernorm",
-                         "pre_feedforward_layernorm", "post_feedforward_layernorm")
-
-
-@dataclass(frozen=True)
-class DecoderSpec:
-    """How one decoder family differs from Llama; the defaults are Llama's.
-
-    Config-dependent fields are functions of the transformers config, called once when
-    the model is built; a number they return that is None or 1.0 means "not applied",
-    so one declaration serves checkpoints that leave a multiplier at its neutral value
-    (and those keep the fused paths).
-    """
-
-    #: The norm's formula, a :data:`NORM_KINDS` key (``"rms"``; ``"gemma_rms"``: ``1 + w``).
-    norm: str = "rms"
-    #: Where the norms sit and what the checkpoint calls them.
-    norms: NormPlacement = PRE_NORM
-    #: q/k/v and o biases; None: ``config.attention_bias``.
-    qkv_bias: bool | None = None
-    o_bias: bool | None = None
-    #: Norms of q and k before rotary, in :attr:`norm`'s kind: ``"head"`` over each head
-    #: (Qwen3, Gemma 3), ``"projection"`` over the whole q and k projections (OLMo 2).
-    qk_norm: str | None = None
-    #: The attention scale ``f(config, head_size)``; None: ``head_size ** -0.5``.
-    query_scale: Callable[[Any, int], float] | None = None
-    #: Per-layer ``sliding_attention`` / ``full_attention``; a sliding layer attends
-    #: within ``config.sliding_window``.
-    layer_types: Callable[[Any], list[str]] = all_full
-    #: Per-layer rotary settings (None: that layer has no rotary positions). Layers with
-    #: equal settings share one cos/sin table.
-    rope: RopeFn = single_rope
-    #: The feed-forward block, a :data:`MLP_KINDS` key.
-    mlp: str = "gated"
-    #: Config fields naming the gated MLP's activation, first set wins, and the default.
-    activation_keys: tuple[str, ...] = ("hidden_act",)
-    default_activation: str = "silu"
-    #: Activations the family accepts (None: any the platform has a gated op for).
-    activations: tuple[str, ...] | None = ("silu",)
-    #: Embeddings times this; ``embed_scale_in_dtype``: the factor rounded to the model
-    #: dtype first (Gemma: sqrt(hidden) as transformers computes it, 25.30 -> 25.25 in bf16).
-    embed_scale: ConfigNumber | None = None
-    embed_scale_in_dtype: bool = False
-    #: Each branch's output times this before it joins the residual (Granite).
-    residual_scale: ConfigNumber | None = None
-    #: What turns the final hidden state into the output, a :data:`HEAD_KINDS` key.
-    head: str = "lm"
-    #: Logits divided by this (Granite's ``logits_scaling``).
-    logits_divisor: ConfigNumber | None = None
-    #: ``cap * tanh(logits / cap)`` (Gemma's ``final_logit_softcapping``).
-    logit_softcap: ConfigNumber | None = None
-    #: ``tie_word_embeddings`` when the config does not say.
-    tie_default: bool = False
-    #: Checkpoint tensors fused into one parameter: (parameter, checkpoint part, shard).
-    stacked: tuple[tuple[str, str, str | int], ...] = LLAMA_STACKED
-    #: Checkpoint tensors to skip: any whose name contains one of these.
-    skip: tuple[str, ...] = ("rotary_emb",)
-    #: Checkpoint name substrings replaced before loading (``(old, new)``, in order).
-    renames: tuple[tuple[str, str], ...] = ()
-    #: The fused layer form (a :data:`FUSED_FORMS` key) or None for modules only.
-    fused: str | None = "rms"
-    #: Raises :class:`~glowlm.errors.ModelLoadError` for configs the family cannot serve
-    #: (or warns about fields it ignores); called before anything is built.
-    check: Callable[[Any], None] | None = None
-
-    def __post_init__(self) -> None:
-        for kind, table, what in ((self.norm, NORM_KINDS, "norm"), (self.mlp, MLP_KINDS, "mlp"),
-                                  (self.head, HEAD_KINDS, "head")):
-            if kind not in table:
-                raise ValueError(f"DecoderSpec {what}={kind!r} is not one of {sorted(table)}")
-        if self.qk_norm not in (None, "head", "projection"):
-            raise ValueError(f"DecoderSpec qk_norm={self.qk_norm!r} is not None, 'head' or "
-                             "'projection'")
-        if self.fused is not None and self.fused not in FUSED_FORMS:
-            raise ValueError(f"DecoderSpec fused={self.fused!r} is not one of "
-                             f"{sorted(FUSED_FORMS)}")
-        if self.fused == "rms" and (self.norm != "rms" or self.norms != PRE_NORM
-                                    or self.activations != ("silu",)):
-            raise ValueError("fused='rms' is Llama's layer (plain RMSNorm before each branch, "
-                             "SiLU-gated MLP); use fused='decoder' or None")
-
-
-def _number(fn: ConfigNumber | None, config: Any) -> float | None:
-    value = fn(config) if fn is not None else None
-    return None if value is None or float(value) == 1.0 else float(value)
-
-
-def _register(table: dict[str, Any], what: str, name: str, factory: Any) -> None:
-    """One owner per kind name, as for architectures (``register_model``): a second
-    factory under a taken name would silently change every family that uses it."""
-    if name in table and table[name] is not factory:
-        raise PluginError(f"{what} kind {name!r} is already registered ({table[name]!r})")
-    table[name] = factory
-
-
-# --- norms ---------------------------------------------------------------------------
-
-#: ``factory(size, eps, parts, prefix)`` -> a norm module with RMSNorm's call convention
-#: (``norm(x)`` or ``norm(x, residual) -> (normed, x + residual)``).
-NormFactory = Callable[[int, float, ModelParts, str], nn.Module]
-
-NORM_KINDS: dict[str, NormFactory] = {
-    "rms": lambda size, eps, parts, prefix: RMSNorm(size, eps, parts),
-    "gemma_rms": GemmaRMSNorm,
-}
-
-
-def register_norm_kind(name: str, factory: NormFactory) -> None:
-    """Make ``DecoderSpec(norm=name)`` build norms with ``factory``."""
-    _register(NORM_KINDS, 'norm', name, factory)
-
-
-# --- MLPs ----------------------------------------------------------------------------
-
-#: ``factory(config, parts, prefix, spec)`` -> a module ``x -> x`` of the hidden size.
-#: It may define ``fused_parts() -> (gate_up_proj, down_proj, activation)`` to run in a
-#: fused layer (the fused forms know a gated MLP only); without it the layer keeps its
-#: modules. A mixture-of-experts block is a new kind (its router and experts under
-#: ``prefix``), with no ``fused_parts`` until a platform op runs it.
-MlpFactory = Callable[[Any, ModelParts, str, "DecoderSpec"], nn.Module]
-
-#: Checkpoint activation names -> the fused descriptions' names.
-_FUSED_ACTIVATION = {"gelu_pytorch_tanh": "gelu_tanh"}
-
-
-class GatedMLP(nn.Module):
-    """``down(act(gate(x)) * up(x))`` with gate and up as one column-parallel projection."""
-
-    def __init__(self, config: Any, parts: ModelParts, prefix: str, spec: DecoderSpec) -> None:
-        super().__init__()
-        inter, bias = config.intermediate_size, bool(getattr(config, "mlp_bias", False))
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], bias,
-                                                       parts, f"{prefix}.gate_up_proj")
-        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias, parts,
-                                           f"{prefix}.down_proj")
-        act = next((v for k in spec.activation_keys if (v := getattr(config, k, None))),
-                   spec.default_activation)
-        if spec.activations is not None and act not in spec.activations:
-            raise ModelLoadError(f"{spec.activation_keys[0]} {act!r} is not supported for this "
-                                 f"architecture (supported: {', '.join(spec.activations)})")
-        self.act = GatedActivation(act, parts)
-        #: the activation's name in the fused descriptions
-        self.activation = _FUSED_ACTIVATION.get(act, act)
-
-    def fused_parts(self) -> tuple[nn.Module, nn.Module, str]:
-        return self.gate_up_proj, self.down_proj, self.activation
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
-
-
-MLP_KINDS: dict[str, MlpFactory] = {"gated": GatedMLP}
-
-
-def register_mlp_kind(name: str, factory: MlpFactory) -> None:
-    """Make ``DecoderSpec(mlp=name)`` build each layer's ``mlp`` with ``factory``."""
-    _register(MLP_KINDS, 'mlp', name, factory)
-
-
-# --- heads ---------------------------------------------------------------------------
-
-#: ``factory(model, config, parts, spec)`` sets the head's modules on ``model`` (their
-#: names are checkpoint names: the LM head is ``lm_head``) and returns the function from
-#: the final hidden states to the output. A pooling head for an embedding model is a
-#: new kind.
-HeadFactory = Callable[["DecoderLM", Any, ModelParts, "DecoderSpec"],
-                       Callable[[torch.Tensor], torch.Tensor]]
-
-
-def lm_head(model: DecoderLM, config: Any, parts: ModelParts, spec: DecoderSpec
-            ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The vocabulary projection (tied to the embeddings when the config says so), then
-    the family's logit divisor and soft-cap, in transformers' order."""
-    model.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parts, "lm_head")
-    model.tied = bool(getattr(config, "tie_word_embeddings", spec.tie_default))
-    if model.tied:
-        model.lm_head.tie(model.model.embed_tokens)
-    divisor = _number(spec.logits_divisor, config)
-    cap = spec.logit_softcap(config) if spec.logit_softcap is not None else None
-    cap = float(cap) if cap else None
-    head = model.lm_head
-
-    def logits(hidden: torch.Tensor) -> torch.Tensor:
-        out = head.compute_logits(hidden)
-        if divisor is not None:
-            out = out / divisor
-        if cap is not None:
-            out = torch.tanh(out / cap) * cap
-        return out
-
-    return logits
-
-
-HEAD_KINDS: dict[str, HeadFactory] = {"lm": lm_head}
-
-
-def register_head_kind(name: str, factory: HeadFactory) -> None:
-    """Make ``DecoderSpec(head=name)`` build the model's head with ``factory``."""
-    _register(HEAD_KINDS, 'head', name, factory)
-
+#: The decoder's public face: a family module imports its declaration's parts from here.
+__all__ = ["FULL", "HEAD_KINDS", "LLAMA_STACKED", "MLP_KINDS", "NORM_KINDS", "PRE_NORM",
+           "SANDWICH", "SLIDING", "DecoderLM", "DecoderLayer", "DecoderModel", "DecoderSpec",
+           "GatedMLP", "NormPlacement", "all_full", "layer_types", "local_global_rope",
+           "register_head_kind", "register_mlp_kind", "register_norm_kind", "rope_for",
+           "single_rope"]
 
 # --- fused forms ---------------------------------------------------------------------
 
@@ -490,7 +230,7 @@ class DecoderLayer(nn.Module):
             setattr(self, name, norm(config.hidden_size, config.rms_norm_eps, parts,
                                      f"{prefix}.{name}"))
             self._roles[role] = name
-        self.residual_scale = _number(spec.residual_scale, config)
+        self.residual_scale = config_number(spec.residual_scale, config)
         form = FUSED_FORMS[spec.fused] if spec.fused is not None else None
         # A form describes rotary layers with a gated MLP, norms before both branches and
         # unscaled residual adds only, and a window only where it carries one per layer;
@@ -558,7 +298,7 @@ class DecoderModel(nn.Module):
         h = config.hidden_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, h, parts,
                                                    "model.embed_tokens")
-        scale = _number(spec.embed_scale, config)
+        scale = config_number(spec.embed_scale, config)
         if scale is not None and spec.embed_scale_in_dtype:
             self.register_buffer("embed_scale", torch.tensor(scale, dtype=parts.dtype),
                                  persistent=False)
@@ -628,6 +368,17 @@ class DecoderModel(nn.Module):
         return x
 
 
+def check_kinds(spec: DecoderSpec) -> None:
+    """Every kind a declaration names is registered (raises ``ValueError`` naming the
+    field): checked when a family class is declared, so a misspelt kind fails at import."""
+    for kind, table, what in ((spec.norm, NORM_KINDS, "norm"), (spec.mlp, MLP_KINDS, "mlp"),
+                              (spec.head, HEAD_KINDS, "head")):
+        if kind not in table:
+            raise ValueError(f"DecoderSpec {what}={kind!r} is not one of {sorted(table)}")
+    if spec.fused is not None and spec.fused not in FUSED_FORMS:
+        raise ValueError(f"DecoderSpec fused={spec.fused!r} is not one of {sorted(FUSED_FORMS)}")
+
+
 class DecoderLM(CausalLM):
     """A causal LM of the shared decoder: a subclass sets ``family`` and nothing else.
 
@@ -644,6 +395,7 @@ class DecoderLM(CausalLM):
         # The loader reads these from the class, before a model is built.
         super().__init_subclass__(**kwargs)
         spec = cls.family
+        check_kinds(spec)
         cls.stacked_params = list(spec.stacked)
         #: sliding layers attend within ``config.sliding_window`` (the backend masks the
         #: rest), so the window does not bound the context (``resolve_max_model_len``).
