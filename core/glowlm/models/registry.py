@@ -25,6 +25,10 @@ _MODELS: dict[str, str] = {
     "GraniteForCausalLM": "glowlm.models.granite:GraniteForCausalLM",
     "SmolLM3ForCausalLM": "glowlm.models.smollm3:SmolLM3ForCausalLM",
     "Olmo2ForCausalLM": "glowlm.models.olmo2:Olmo2ForCausalLM",
+    "Qwen3MoeForCausalLM": "glowlm.models.moe:Qwen3MoeForCausalLM",
+    "Qwen2MoeForCausalLM": "glowlm.models.moe:Qwen2MoeForCausalLM",
+    "MixtralForCausalLM": "glowlm.models.moe:MixtralForCausalLM",
+    "OlmoeForCausalLM": "glowlm.models.moe:OlmoeForCausalLM",
 }
 
 

@@ -20,6 +20,8 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
 #: modules (glowlm/models/granite.py), and so do SmolLM3's layers without rotary and
 #: OLMo 2's post-branch norms.
 ALL_ARCHITECTURES = (*ARCHITECTURES, "gemma3", "granite", "smollm3", "olmo2")
+#: Mixture-of-experts checkpoints (glowlm/models/moe.py): 8 experts, 2 per token.
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 #: The tiny Gemma 3's local layers' window: prompts of a few dozen tokens outrun it,
 #: and it does not divide the 32-token blocks, so windows start mid-block.
 GEMMA3_WINDOW = 12
@@ -103,8 +105,28 @@ def hf_config(arch: str, **overrides: Any) -> Any:
                                tie_word_embeddings=True)
     elif arch == "olmo2":
         cfg = tf.Olmo2Config(**llama_like, tie_word_embeddings=False)
+    elif arch == "qwen3_moe":
+        # Three layers, the middle one dense (mlp_only_layers); top-k renormalized.
+        cfg = tf.Qwen3MoeConfig(**{**llama_like, "num_hidden_layers": 3}, head_dim=16,
+                                num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                mlp_only_layers=[1], norm_topk_prob=True,
+                                tie_word_embeddings=False)
+    elif arch == "qwen2_moe":
+        # A shared expert with its gate; top-k not renormalized (Qwen2-MoE's default).
+        cfg = tf.Qwen2MoeConfig(**llama_like, num_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                norm_topk_prob=False, tie_word_embeddings=False)
+    elif arch == "mixtral":
+        cfg = tf.MixtralConfig(**{**llama_like, "intermediate_size": 32}, num_local_experts=8,
+                               num_experts_per_tok=2, sliding_window=None,
+                               tie_word_embeddings=False)
+    elif arch == "olmoe":
+        cfg = tf.OlmoeConfig(**{**llama_like, "intermediate_size": 32}, num_experts=8,
+                             num_experts_per_tok=2, norm_topk_prob=False,
+                             tie_word_embeddings=False)
     else:
-        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {ALL_ARCHITECTURES}")
+        raise ValueError(f"unknown tiny architecture {arch!r}; use one of "
+                         f"{ALL_ARCHITECTURES + MOE_ARCHITECTURES}")
     for k, v in overrides.items():
         setattr(cfg, k, v)
     return cfg
@@ -129,7 +151,7 @@ def make_tiny_model(arch: str, out: str | Path, seed: int = 0,
             elif arch == "gemma3" and "norm" in name:
                 # Gemma norms scale by 1 + w and start at w = 0; random w tests the 1.
                 p.normal_(0.0, 0.5)
-            elif arch == "olmo2" and "norm" in name:
+            elif arch in ("olmo2", "olmoe") and "norm" in name:
                 # OLMo 2's q/k norms span all heads: random w shows a per-head norm.
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(out)
