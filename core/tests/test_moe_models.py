@@ -110,3 +110,18 @@ def test_parallel_gives_the_single_process_tokens(tiny_model_dir, arch: str,  # 
         assert _greedy(llm, prompts) == want
     finally:
         llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral"])
+def test_a_gguf_file_gives_the_checkpoints_tokens(tiny_model_dir, tmp_path, arch: str) -> None:  # noqa: ANN001
+    """llama.cpp's layout of the same weights (stacked ``ffn_*_exps`` experts, the router
+    as ``ffn_gate_inp``, Qwen2-MoE's ``*_shexp``, Mixtral as ``llama`` with experts)."""
+    from glowlm.testing.tiny_gguf import write_tiny_gguf
+
+    model_dir = tiny_model_dir(arch)
+    path = write_tiny_gguf(model_dir, tmp_path / f"{arch}.gguf")
+    prompts = _prompts()
+    want = _greedy(LLM(str(model_dir), platform="generic", **SMALL), prompts)
+    llm = LLM(str(path), platform="generic", **SMALL)
+    assert type(llm.engine.runner.model).__name__ == CLASSES[arch]
+    assert _greedy(llm, prompts) == want

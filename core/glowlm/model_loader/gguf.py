@@ -44,7 +44,11 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
+#: ``llama`` files with ``llama.expert_count`` > 0 are Mixtral (llama.cpp writes it so).
+LLAMA_WITH_EXPERTS = "MixtralForCausalLM"
 #: Tensor types read (and what they are): the float types as they are, the rest
 #: dequantized (or run natively: glowlm.layers.quantization.gguf.NATIVE_TYPES).
 #: Q8_0/Q4_0/Q4_1 (32-element blocks, one scale (and min)) are dequantized in torch
@@ -66,6 +70,16 @@ _LLAMA_LAYER = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Mixture of experts: the router, every expert's projection stacked in one 3-D
+    # tensor ([experts, out, in]), and Qwen2-MoE's shared expert and its gate.
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 #: Gemma 3 has four norms per layer; llama.cpp's ``ffn_norm`` is its pre-MLP norm.
 _GEMMA3_LAYER = {
@@ -165,7 +179,10 @@ def inspect(path: str | Path) -> GGUFInfo:
     if unknown:
         raise ModelLoadError(f"{path}: tensor type(s) {', '.join(unknown)} are not supported "
                              f"(supported: {', '.join(SUPPORTED_TYPES)})")
-    return GGUFInfo(path, arch, ARCHITECTURES[arch], str(field(reader, "general.name", path.stem)),
+    hf_arch = ARCHITECTURES[arch]
+    if arch == "llama" and int(field(reader, "llama.expert_count", 0) or 0) > 0:
+        hf_arch = LLAMA_WITH_EXPERTS
+    return GGUFInfo(path, arch, hf_arch, str(field(reader, "general.name", path.stem)),
                     types, len(reader.tensors))
 
 
@@ -223,6 +240,8 @@ def native_quant_config(path: str | Path, stacked: list[tuple[str, str, Any]],
     head_type: str | None = None
     for t in reader.tensors:
         name = hf_name(arch, t.name)
+        if name and ".experts." in name:
+            continue  # stacked experts: dequantized to the model dtype when loaded
         if name and name.endswith(".weight") and name.startswith("model.layers."):
             types[name.removesuffix(".weight")] = t.tensor_type.name
         elif name == ("model.embed_tokens.weight" if tied else "lm_head.weight"):

@@ -24,7 +24,7 @@ from glowlm.model_loader.gguf import GGUFInfo, _reader, field, inspect
 logger = init_logger(__name__)
 
 #: Bumped when the metadata conversion changes, so old cached directories are redone.
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4
 
 
 def _file_dtype(info: GGUFInfo) -> str:
@@ -96,6 +96,7 @@ def _convert(path: Path, info: GGUFInfo, out: Path) -> None:
             raw["query_pre_attn_scalar"] = (raw["hidden_size"] // heads
                                             if raw.get("num_hidden_layers") == 62
                                             else key_length)
+    raw.update(_moe_fields(reader, info))
     raw["architectures"] = [info.hf_architecture]
     raw["torch_dtype"] = _file_dtype(info)
     raw.pop("_name_or_path", None)
@@ -122,6 +123,43 @@ def _convert(path: Path, info: GGUFInfo, out: Path) -> None:
         "file": str(path), "architecture": info.architecture, "name": info.name,
         "tensor_types": info.tensor_types, "transformers": transformers.__version__,
         "converter_version": CONVERTER_VERSION}, indent=2))
+
+
+#: Whether the router renormalizes its top-k weights, when the file does not say
+#: (``<arch>.expert_weights_norm``): as llama.cpp runs each architecture.
+_NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "llama": True}
+
+
+def _moe_fields(reader: Any, info: GGUFInfo) -> dict[str, Any]:
+    """The mixture-of-experts config keys transformers' GGUF table leaves out (the
+    experts' width, the shared expert's, Mixtral's experts under ``llama``)."""
+    arch = info.architecture
+    experts = int(field(reader, f"{arch}.expert_count", 0) or 0)
+    if experts <= 0:
+        return {}
+    out: dict[str, Any] = {
+        "num_local_experts" if arch == "llama" else "num_experts": experts,
+        "num_experts_per_tok": int(field(reader, f"{arch}.expert_used_count")),
+    }
+    width = field(reader, f"{arch}.expert_feed_forward_length")
+    if isinstance(width, int) and width > 0:
+        out["moe_intermediate_size"] = width
+        if arch == "llama":
+            out["intermediate_size"] = width
+    shared = field(reader, f"{arch}.expert_shared_feed_forward_length")
+    if isinstance(shared, int) and shared > 0:
+        out["shared_expert_intermediate_size"] = shared
+    # Which layers have experts is the file's: a block without a router is dense.
+    blocks = int(field(reader, f"{arch}.block_count", 0) or 0)
+    routed = {int(t.name.split(".")[1]) for t in reader.tensors
+              if t.name.startswith("blk.") and t.name.endswith(".ffn_gate_inp.weight")}
+    out["decoder_sparse_step"] = 1
+    out["mlp_only_layers"] = [i for i in range(blocks) if i not in routed]
+    norm = field(reader, f"{arch}.expert_weights_norm")
+    out["norm_topk_prob"] = bool(norm) if norm is not None else _NORM_TOPK.get(arch, False)
+    if arch == "llama":
+        out["model_type"] = "mixtral"
+    return out
 
 
 def _end_of_turn_ids(tok: Any, eos: int | None) -> list[int]:

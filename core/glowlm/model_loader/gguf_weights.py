@@ -94,6 +94,8 @@ def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype,
             continue
         # GGUF lists dimensions fastest-first; torch wants (rows, columns).
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        if name.endswith(".shared_expert_gate.weight") and len(shape) == 1:
+            shape = (1, *shape)  # llama.cpp writes Qwen2-MoE's [1, hidden] gate as a vector
         module = name.removesuffix(".weight") if name.endswith(".weight") else None
         if module == "model.embed_tokens" and tied and "lm_head" in native:
             module = "lm_head"

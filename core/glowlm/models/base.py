@@ -16,8 +16,9 @@ from glowlm.layers.fused import FusedStack
 #: (fused parameter name, checkpoint name, shard id)
 StackedMapping = list[tuple[str, str, str | int]]
 
-#: One expert's projection in a checkpoint: ``...experts.<e>.<proj>.weight``.
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
+#: One expert's projection in a checkpoint, ``...experts.<e>.<proj>.weight``, or every
+#: expert's stacked in one tensor (GGUF), ``...experts.<proj>.weight``.
+_EXPERT = re.compile(r"\.experts\.(?:(\d+)\.)?(\w+)\.weight$")
 
 
 class CausalLM(nn.Module):
@@ -73,9 +74,10 @@ class CausalLM(nn.Module):
                 continue
             expert = _expert_target(name, params)
             if expert is not None:
-                target, shard_id = expert
-                params[target].weight_loader(params[target], load(), shard_id)
-                loaded.add(f"{target}#{shard_id[0]}.{shard_id[1]}")
+                target, (index, part) = expert
+                params[target].weight_loader(params[target], load(), (index, part))
+                every = range(params[target].shape[0]) if index is None else (index,)
+                loaded.update(f"{target}#{e}.{part}" for e in every)
                 continue
             for fused, part, shard in self.stacked_params:
                 if f".{part}." in name:
@@ -121,9 +123,10 @@ class CausalLM(nn.Module):
 
 
 def _expert_target(name: str, params: dict[str, torch.Tensor]
-                   ) -> tuple[str, tuple[int, str]] | None:
-    """A per-expert checkpoint tensor's stacked parameter and ``(expert, part)``
-    (:class:`glowlm.layers.moe.FusedMoE`), or None when ``name`` is not one."""
+                   ) -> tuple[str, tuple[int | None, str]] | None:
+    """An expert checkpoint tensor's stacked parameter and ``(expert, part)``
+    (:class:`glowlm.layers.moe.FusedMoE`; expert None: all of them), or None when
+    ``name`` is not one."""
     m = _EXPERT.search(name)
     if m is None:
         return None
@@ -133,7 +136,7 @@ def _expert_target(name: str, params: dict[str, torch.Tensor]
     if part is None:
         return None
     target = f"{name[:m.start()]}.experts.{'w2' if part == 'down' else 'w13'}"
-    return (target, (int(m[1]), part)) if target in params else None
+    return (target, (None if m[1] is None else int(m[1]), part)) if target in params else None
 
 
 def prune_rows(rows: torch.Tensor | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -13,6 +13,7 @@ package, or :mod:`glowlm.testing.gguf_blocks` for the K-quants it cannot write.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,24 @@ import torch
 
 #: HF model_type -> GGUF general.architecture.
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-             "gemma3_text": "gemma3"}
+             "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe",
+             "mixtral": "llama"}
 _LAYER = {
     "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
     "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
 }
+#: One expert's projection (HF names) -> llama.cpp's stacked ``[experts, out, in]`` tensor.
+_EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+                     r"(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_EXPERT_GGUF = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": "ffn_up_exps",
+                "w3": "ffn_up_exps", "down_proj": "ffn_down_exps", "w2": "ffn_down_exps"}
 _GEMMA_LAYER = {**_LAYER, "post_attention_layernorm": "post_attention_norm",
                 "pre_feedforward_layernorm": "ffn_norm",
                 "post_feedforward_layernorm": "post_ffw_norm"}
@@ -93,10 +104,21 @@ def write_tiny_gguf(model_dir: str | Path, out: str | Path,
     else:
         w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(float(theta))
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg.get("moe_intermediate_size")
+                                         or cfg["intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+        if arch in ("qwen3moe", "qwen2moe"):
+            w.add_key_length(head_dim)
+            w.add_value_length(head_dim)
     _add_tokenizer(w, model_dir, cfg["vocab_size"])
-    state = load_file(model_dir / "model.safetensors")
+    state = _stack_experts(load_file(model_dir / "model.safetensors"))
     for name, t in state.items():
-        gname = _gguf_name(arch, name)
+        gname = name if name.startswith("blk.") else _gguf_name(arch, name)
         if gname is None:
             continue
         t = t.float()
@@ -108,6 +130,8 @@ def write_tiny_gguf(model_dir: str | Path, out: str | Path,
             t = t + 1.0
         data = t.numpy()
         kind_name = qtype(gname) if callable(qtype) else qtype
+        if gname.endswith("ffn_gate_inp_shexp.weight"):
+            data = data.reshape(-1)  # llama.cpp writes the [1, hidden] gate as a vector
         if kind_name != "F32" and data.ndim == 2:
             kind = gguf.GGMLQuantizationType[kind_name]
             w.add_tensor(gname, quantize(data, kind_name), raw_dtype=kind)
@@ -117,6 +141,22 @@ def write_tiny_gguf(model_dir: str | Path, out: str | Path,
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return out
+
+
+def _stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert tensors stacked into llama.cpp's ``blk.N.ffn_{gate,up,down}_exps``
+    (``[experts, out, in]``, expert order), the rest unchanged."""
+    out: dict[str, torch.Tensor] = {}
+    stacks: dict[str, dict[int, torch.Tensor]] = {}
+    for name, t in state.items():
+        m = _EXPERT.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        stacks.setdefault(f"blk.{m[1]}.{_EXPERT_GGUF[m[3]]}.weight", {})[int(m[2])] = t
+    for gname, per in stacks.items():
+        out[gname] = torch.stack([per[e] for e in sorted(per)])
     return out
 
 
