@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,10 +37,23 @@ def test_every_source_is_compiled_and_hashed() -> None:
     from glowlm_kernels.build import tree_files
 
     cpp = {p.relative_to(build.CSRC).as_posix() for p in (build.CSRC / "torch").glob("*.cpp")}
-    assert set(build.SOURCES) <= cpp
+    assert set(build.SOURCES) == cpp  # none left out of the module
     hashed = {p.relative_to(build.CSRC).as_posix() for p in tree_files()}
     assert set(build.SOURCES) <= hashed
     assert {"cpu/vec.h", "arch/vec_avx512.h", "arch/vec_neon.h", "torch/dispatch.h"} <= hashed
+
+
+def test_the_torch_free_programs_compile_every_quantized_source() -> None:
+    # One source per quantized tile family: the module links them (build.QUANT_SOURCES),
+    # and the contract driver and bench_quant include the same files over test/aten_shim.
+    from glowlm_kernels.build import QUANT_SOURCES
+
+    quant = {p.relative_to(build.CSRC).as_posix()
+             for p in (build.CSRC / "torch").glob("quant_*.cpp")}
+    assert set(QUANT_SOURCES) == quant and set(QUANT_SOURCES) <= set(build.SOURCES)
+    for program in ("contract_driver.cpp", "bench_quant.cpp"):
+        text = (build.CSRC / "test" / program).read_text()
+        assert set(re.findall(r'#include "(torch/quant_\w+\.cpp)"', text)) == quant, program
 
 
 def _run_fallback(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -63,7 +77,7 @@ def test_no_compiler_is_one_warning_and_reference_kernels(tmp_path: Path) -> Non
 
 def test_kernels_built_at_install_load_without_a_compiler(tmp_path: Path) -> None:
     # pip install compiled avx2 and avx512 into the package: no compiler, no cache needed.
-    from glowlm.plugin_api import live_host as live
+    from glowlm.platforms.host import live
     from glowlm_kernels.build import prebuilt
     from glowlm_x86.kernels import cpu_isa
 

@@ -1,6 +1,6 @@
 // Decode rate of the quantized linear kernels against the read bandwidth of the same
-// bytes, in one process (torch-free: csrc/torch/quant_linear.cpp over test/aten_shim,
-// as the contract driver compiles it, so this times the code the modules ship).
+// bytes, in one process (torch-free: csrc/torch/quant_*.cpp over test/aten_shim, as
+// the contract driver compiles them, so this times the code the modules ship).
 //
 // Why: at decode every packed weight byte is read once per token, so a quantized
 // kernel's figure of merit is, as the dense GEMV's (bench_gemv.cpp), the share of a
@@ -34,7 +34,10 @@
 #include <vector>
 
 #include "test/bench_util.h"  // timing, read bandwidth, 2 MiB-page copies (shared)
-#include "torch/quant_linear.cpp"  // the kernels, over test/aten_shim
+#include "torch/quant_wna16.cpp"  // the kernels, over test/aten_shim
+#include "torch/quant_wna8.cpp"
+#include "torch/quant_w8a8.cpp"
+#include "torch/quant_registration.cpp"
 
 namespace {
 
