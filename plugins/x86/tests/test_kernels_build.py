@@ -14,7 +14,7 @@ from glowlm_x86.kernels import build
 
 FALLBACK_SCRIPT = """
 import sys
-from glowlm.platforms.host import live
+from glowlm.plugin_api import live_host as live
 from glowlm_x86.platform import X86Platform
 cpu = live()
 match = X86Platform.detect(cpu)
@@ -77,7 +77,7 @@ def test_no_compiler_is_one_warning_and_reference_kernels(tmp_path: Path) -> Non
 
 def test_kernels_built_at_install_load_without_a_compiler(tmp_path: Path) -> None:
     # pip install compiled avx2 and avx512 into the package: no compiler, no cache needed.
-    from glowlm.platforms.host import live
+    from glowlm.plugin_api import live_host as live
     from glowlm_kernels.build import prebuilt
     from glowlm_x86.kernels import cpu_isa
 
@@ -112,12 +112,12 @@ def test_kernel_isa_follows_the_live_cpu_not_the_recorded_host(
     zen3 = from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
     platform = X86Platform(skylake, X86Platform.detect(skylake))
     assert platform.capabilities.isa == "avx512"
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen3)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: zen3)
     assert platform.kernel_isa() == "avx2"  # never AVX-512 code on an AVX2-only CPU
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: skylake)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: skylake)
     assert platform.kernel_isa() == "avx512"  # AVX-512 without AVX512_BF16
     zen4 = from_dump(HOSTS / "x86_64-zen4-epyc-9r14.cpuinfo")
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen4)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: zen4)
     assert platform.kernel_isa() == "avx512-bf16"  # vdpbf16ps only where the CPU has it
     avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
     assert avx2_platform.kernel_isa() == "avx2"  # an AVX2 platform never picks AVX-512
@@ -132,7 +132,7 @@ def test_kernel_isa_request_is_honoured_only_where_the_cpu_runs_it(
     zen3 = from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
     avx512_platform = X86Platform(skylake, X86Platform.detect(skylake))
     avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: skylake)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: skylake)
     for isa in ("avx512", "avx2", "portable"):
         monkeypatch.setenv("GLOWLM_KERNEL_ISA", isa.upper())
         assert avx512_platform.kernel_isa() == isa
@@ -142,7 +142,7 @@ def test_kernel_isa_request_is_honoured_only_where_the_cpu_runs_it(
     with pytest.raises(ConfigError, match="runs the AVX2 platform"):
         monkeypatch.setenv("GLOWLM_KERNEL_ISA", "avx512")
         avx2_platform.kernel_isa()
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen3)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: zen3)
     with pytest.raises(ConfigError, match="lacks avx512f, avx512bw, avx512vl"):
         avx512_platform.kernel_isa()
     monkeypatch.setenv("GLOWLM_KERNEL_ISA", "sse4")
