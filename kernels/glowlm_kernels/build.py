@@ -30,11 +30,18 @@ from pathlib import Path
 from typing import Any
 
 CSRC = Path(__file__).parent / "csrc"
+#: The quantized linear ops' translation units: one per tile family (weight-only with
+#: fp32 / bf16 activations, weight-only with int8 activations, W8A8) over
+#: ``torch/quant_common.h``, and their registration.
+QUANT_SOURCES = tuple(f"torch/{name}" for name in (
+    "quant_wna16.cpp", "quant_wna8.cpp", "quant_w8a8.cpp", "quant_registration.cpp"))
+#: What those sources include of their own (hashed with them: :mod:`.quant`).
+QUANT_HEADERS = ("torch/quant_common.h", "torch/quant_ops.h")
 #: The torch module's translation units (the algorithms are headers under csrc/cpu).
-TORCH_SOURCES = tuple(f"torch/{name}" for name in (
+TORCH_SOURCES = (*(f"torch/{name}" for name in (
     "registration.cpp", "norm_act.cpp", "rotary.cpp", "linear.cpp", "gemm.cpp",
-    "gemm_packed.cpp", "attention.cpp", "fused_layer.cpp", "gemma_layer.cpp", "quant_linear.cpp",
-    "collective.cpp"))
+    "gemm_packed.cpp", "attention.cpp", "fused_layer.cpp", "gemma_layer.cpp")),
+    *QUANT_SOURCES, "torch/collective.cpp")
 BUILD_INFO = "_kernels_build.json"
 #: Rough run-time (fallback) build time on a busy 2-vCPU machine (shown to the user).
 EXPECTED_BUILD_SECONDS = 240

@@ -1,5 +1,5 @@
-"""The quantized matmuls of the shared kernel tree (``csrc/torch/quant_linear.cpp``) as
-a plugin's :class:`~glowlm.plugin_api.QuantKernels`.
+"""The quantized matmuls of the shared kernel tree (``csrc/torch/quant_*.cpp``) as a
+plugin's :class:`~glowlm.plugin_api.QuantKernels`.
 
 Every plugin module built from the tree registers ``wna16_linear`` (weight-only int4 /
 int8) and ``w8a8_linear`` (int8 x int8) under its own namespace (``torch.ops.glowlm_x86``,
@@ -9,7 +9,7 @@ holds what is the same everywhere: the repacking (done once per layer after load
 it to core's quantization configs when its compiled module loaded, core's reference
 otherwise, so a quantized checkpoint always runs.
 
-Layouts (the C++ file's header has the why): canonical unsigned values become
+Layouts (the C++ files' headers have the why): canonical unsigned values become
 ``[N/16][K/4][16][2]`` nibble bytes (4 bits: each 32-byte unit 16 rows x 4 columns, the
 operand order of a pairwise bf16 dot product) or ``[N/16][K/2][2][16]`` bytes (8 bits);
 scales and ``zero * scale`` become ``[N/16, groups, 16]``, so the kernel reads 16
@@ -24,11 +24,12 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from glowlm.plugin_api import Int8Weights, QuantKernels, WeightOnlyInt, WeightOnlyParts
+
+from glowlm_kernels import build
 
 ROWS = 16  #: output rows per weight block (one AVX-512 register of fp32 / int32 sums)
 #: The compiled quantized ops (a platform's ``Capabilities.kernels`` lists them).
@@ -42,7 +43,7 @@ def _pad_rows(t: torch.Tensor, rows: int, value: float = 0) -> torch.Tensor:
 
 @dataclass
 class PackedWeightOnly:
-    weight: torch.Tensor         #: uint8, blocked (quant_linear.cpp)
+    weight: torch.Tensor         #: uint8, blocked (quant_wna16.cpp)
     scales: torch.Tensor         #: float32 or float16 [Npad/16, G, 16]
     #: zero * scale, scales' dtype and shape; empty when symmetric (zero 2**(bits-1))
     zs: torch.Tensor
@@ -70,7 +71,7 @@ def pack_weight_only(w: WeightOnlyInt) -> PackedWeightOnly:
 
     4 bits: each 32-byte unit holds 16 rows x 4 columns, byte ``2r + j`` column ``j`` in
     its low nibble and column ``2 + j`` in its high one, the operand order of a pairwise
-    bf16 dot product (quant_linear.cpp). With int8 activations (``w.act_block``) 8-bit
+    bf16 dot product (quant_wna16.cpp). With int8 activations (``w.act_block``) 8-bit
     values become W8A8's ``[N/16][K/4][16][4]`` signed ``q − 128`` (vpmaddubsw's operand
     after its sign trick); 4-bit ones keep the nibble layout, already pairs of columns.
     """
@@ -213,16 +214,18 @@ def quant_ops_registered(namespace: str) -> bool:
     return True
 
 
-_SOURCE = Path(__file__).parent / "csrc" / "torch" / "quant_linear.cpp"
-
-
 @functools.cache
 def source_hash() -> str:
-    """The first 12 hex digits of quant_linear.cpp's SHA-256 ("unknown" without it)."""
+    """The first 12 hex digits of the SHA-256 of the quantized sources and their own
+    headers (``build.QUANT_SOURCES``, ``build.QUANT_HEADERS``; "unknown" without them)."""
+    h = hashlib.sha256()
     try:
-        return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+        for name in (*build.QUANT_SOURCES, *build.QUANT_HEADERS):
+            h.update(name.encode())
+            h.update((build.CSRC / name).read_bytes())
     except OSError:
         return "unknown"
+    return h.hexdigest()[:12]
 
 
 class CompiledQuantKernels(QuantKernels):
@@ -277,7 +280,7 @@ class CompiledQuantKernels(QuantKernels):
     def int8_activations_of(self, x: torch.Tensor, prepared: PackedW8A8
                             ) -> tuple[torch.Tensor, torch.Tensor]:
         op = getattr(getattr(torch.ops, self.namespace), "quantize_rows", None)
-        if op is None:  # a module built before quantize_rows joined quant_linear.cpp
+        if op is None:  # a module built before quantize_rows joined the quantized ops
             return super().int8_activations_of(x, prepared)
         return op(x, prepared.input_scale, prepared.input_zero_point)
 

@@ -9,7 +9,7 @@ tiny (emulation is ~500x slower) but cross every tail: odd sizes, partial blocks
 and several GEMM panels, GQA, decode and chunked prefill. Tolerances are those of the
 x86 torch tests (one output ulp for bf16/fp16 against fp32 math).
 
-The quantized linear kernels run too (``csrc/torch/quant_linear.cpp``, compiled by the
+The quantized linear kernels run too (``csrc/torch/quant_*.cpp``, compiled by the
 driver over its small ATen subset): 4-bit and 8-bit weight-only with fp32, bf16 and fp16
 activations (bf16 x 4-bit takes the pairwise bf16 dot product where the variant has it:
 BFDOT on ``aarch64-neon-bf16``, vdpbf16ps on ``x86-avx512-bf16``; the driver reports
@@ -363,12 +363,12 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 def _driver(target: str) -> Path:
     cxx, (plugin, isa), _, _ = TARGETS[target]
     # The module's own flags and -O level (Arm: -O2, build.py), without the torch ones;
-    # test/aten_shim first: quant_linear.cpp's <torch/all.h> is the driver's subset.
+    # test/aten_shim first: the quant_*.cpp sources' <torch/all.h> is the driver's subset.
     def command(out: Path) -> list[str]:
         return program_command(VARIANTS[plugin][isa], CSRC / "test" / "contract_driver.cpp",
                                out, cxx, includes=(CSRC / "test" / "aten_shim",))
 
-    # Everything, csrc/torch too: the driver compiles quant_linear.cpp.
+    # Everything, csrc/torch too: the driver compiles the quant_*.cpp sources.
     sources = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp"))
     h = hashlib.sha256(" ".join(command(Path("-"))).encode())
     for p in sources:

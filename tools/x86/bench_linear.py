@@ -77,7 +77,7 @@ def run_native(isa: str, threads: int, extra: list[str], program: str = "gemv") 
 
     source = CSRC / "test" / f"bench_{program}.cpp"
     cxx = compiler() or "g++"
-    # bench_quant compiles csrc/torch/quant_linear.cpp over the contract driver's ATen subset.
+    # bench_quant compiles csrc/torch/quant_*.cpp over the contract driver's ATen subset.
     includes = (CSRC / "test" / "aten_shim",) if program == "quant" else ()
 
     def command(out: Path) -> list[str]:

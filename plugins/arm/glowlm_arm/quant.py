@@ -1,6 +1,6 @@
 """The quantized linear methods on Arm: core's formats on the shared tree's kernels.
 
-The Arm modules are built from the same kernel tree as x86's, ``quant_linear.cpp``
+The Arm modules are built from the same kernel tree as x86's, ``quant_*.cpp``
 included; on ``neon-bf16`` (FEAT_BF16) the 4-bit weight-only kernel with bf16
 activations uses BFDOT, the pairwise bf16 dot product, like vdpbf16ps on x86. They pass
 the same contract cases as x86's under qemu (``make test-cross``). AWQ, GPTQ,

@@ -44,6 +44,6 @@ def test_on_another_cpu_it_runs_the_reference_and_says_so(
     reference where the module cannot run (a Graviton 3 recorded, replayed on an x86 CPU)."""
     from glowlm_arm.quant import quantization_configs
 
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: from_dump(
+    monkeypatch.setattr("glowlm.plugin_api.live_host", lambda: from_dump(
         HOSTS / "x86_64-icelake-xeon-8375c.cpuinfo"))
     contract.check_reference_fallback(_platform(GRAVITON3), quantization_configs())

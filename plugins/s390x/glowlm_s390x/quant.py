@@ -1,6 +1,6 @@
 """The quantized linear methods on IBM Z: core's formats on the shared tree's kernels.
 
-The s390x module is built from the same kernel tree as x86's, ``quant_linear.cpp``
+The s390x module is built from the same kernel tree as x86's, ``quant_*.cpp``
 included (vec_portable.h: z14 VXE / z15 VXE2 vectors), and those kernels pass the same
 contract cases as x86's under qemu (``make test-cross``). AWQ, GPTQ, compressed-tensors
 and GGUF checkpoints run on them through :class:`glowlm_kernels.quant.CompiledQuantKernels`

@@ -1,4 +1,4 @@
-"""The x86 quantized linear methods: core's formats, compiled matmuls (``quant_linear.cpp``).
+"""The x86 quantized linear methods: core's formats, compiled matmuls (``quant_*.cpp``).
 
 :func:`quantization_configs` is what the plugin's ``glowlm_quantization_configs`` hook
 returns: AWQ, GPTQ, compressed-tensors and GGUF configs serving the x86 platform (and
@@ -9,7 +9,7 @@ compiler), so a quantized checkpoint always runs.
 The layouts and their repacking are the shared kernel tree's
 (:mod:`glowlm_kernels.quant`, also used by the Arm and s390x plugins); this module binds
 them to ``torch.ops.glowlm_x86`` and keeps x86's fallback for a kernel module built
-before ``quant_linear.cpp`` joined it (:func:`load_quant_ops`).
+before the quantized sources joined it (:func:`load_quant_ops`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from glowlm.plugin_api import REFERENCE_QUANT_KERNELS as REFERENCE_KERNELS
 from glowlm.plugin_api import QuantizationConfig, QuantKernels, core_env, init_logger
 from glowlm.plugin_api import quantization_for_platform as for_platform
+from glowlm_kernels.build import QUANT_SOURCES
 from glowlm_kernels.quant import (  # noqa: F401 - re-exported: the layouts' home was here
     QUANT_OP_NAMES,
     ROWS,
@@ -102,18 +103,20 @@ def kernels_for_isa(isa: str, int8_activations: bool | None = None) -> X86QuantK
     return _BY_ISA[isa, int8]
 
 
-SOURCE = "quant_linear.cpp"
+#: The quantized ops' translation units in the shared tree (one per tile family, and
+#: their registration).
+SOURCES = QUANT_SOURCES
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
 
 
-def _source(csrc: Path) -> Path | None:
-    """quant_linear.cpp in the shared kernel tree (csrc/torch/) or the plugin's flat csrc."""
+def _sources(csrc: Path) -> list[Path] | None:
+    """The quantized sources in ``csrc`` or, failing that, this checkout's shared tree."""
     repo = Path(__file__).resolve().parents[3]
-    for path in (csrc / "torch" / SOURCE, csrc / SOURCE,
-                 repo / "kernels" / "glowlm_kernels" / "csrc" / "torch" / SOURCE):
-        if path.exists():
-            return path
+    for tree in (csrc, repo / "kernels" / "glowlm_kernels" / "csrc"):
+        paths = [tree / name for name in SOURCES]
+        if all(p.exists() for p in paths):
+            return paths
     return None
 
 
@@ -124,9 +127,9 @@ def _registered() -> bool:
 def load_quant_ops(isa: str) -> bool:
     """Make ``torch.ops.glowlm_x86.{wna16,w8a8}_linear`` available for ``isa``.
 
-    When the kernel module itself lists ``quant_linear.cpp`` the ops are already there.
-    Otherwise the file is compiled once on its own (same flags and include path as the
-    kernel module, cached under ``GLOWLM_KERNEL_CACHE`` by a hash of the source and
+    When the kernel module itself lists the quantized sources the ops are already there.
+    Otherwise they are compiled once on their own (same flags and include path as the
+    kernel module, cached under ``GLOWLM_KERNEL_CACHE`` by a hash of the sources and
     flags) and loaded beside it. False, with one warning line, if that fails: the
     quantized layers then run core's reference.
     """
@@ -158,10 +161,12 @@ def _build_and_load(isa: str) -> None:
         flags = list(variants[isa].cflags)
     else:
         flags = list(kb.COMMON_FLAGS + kb.ISA_FLAGS[isa])
-    src = _source(Path(kb.CSRC))
-    if src is None:
-        raise FileNotFoundError(f"{SOURCE} is not in {kb.CSRC}")
-    h = hashlib.sha256(src.read_bytes())
+    srcs = _sources(Path(kb.CSRC))
+    if srcs is None:
+        raise FileNotFoundError(f"{', '.join(SOURCES)} are not in {kb.CSRC}")
+    h = hashlib.sha256()
+    for src in srcs:
+        h.update(src.read_bytes())
     for header in sorted(Path(kb.CSRC).rglob("*.h")):
         h.update(header.read_bytes())
     h.update(" ".join(flags).encode() + torch.__version__.encode())
@@ -172,7 +177,7 @@ def _build_and_load(isa: str) -> None:
     if not so.exists():
         build_dir.mkdir(parents=True, exist_ok=True)
         logger.info("compiling glowlm-x86 quantized kernels (%s), once...", isa)
-        cpp_extension.load(name=name, sources=[str(src)], extra_cflags=flags,
+        cpp_extension.load(name=name, sources=[str(s) for s in srcs], extra_cflags=flags,
                            extra_ldflags=["-fopenmp"], extra_include_paths=[str(kb.CSRC)],
                            build_directory=str(build_dir), is_python_module=False,
                            verbose=False)

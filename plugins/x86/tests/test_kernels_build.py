@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from glowlm_x86.kernels import build
 
 FALLBACK_SCRIPT = """
 import sys
-from glowlm.platforms.host import live
+from glowlm.plugin_api import live_host as live
 from glowlm_x86.platform import X86Platform
 cpu = live()
 match = X86Platform.detect(cpu)
@@ -36,10 +37,23 @@ def test_every_source_is_compiled_and_hashed() -> None:
     from glowlm_kernels.build import tree_files
 
     cpp = {p.relative_to(build.CSRC).as_posix() for p in (build.CSRC / "torch").glob("*.cpp")}
-    assert set(build.SOURCES) <= cpp
+    assert set(build.SOURCES) == cpp  # none left out of the module
     hashed = {p.relative_to(build.CSRC).as_posix() for p in tree_files()}
     assert set(build.SOURCES) <= hashed
     assert {"cpu/vec.h", "arch/vec_avx512.h", "arch/vec_neon.h", "torch/dispatch.h"} <= hashed
+
+
+def test_the_torch_free_programs_compile_every_quantized_source() -> None:
+    # One source per quantized tile family: the module links them (build.QUANT_SOURCES),
+    # and the contract driver and bench_quant include the same files over test/aten_shim.
+    from glowlm_kernels.build import QUANT_SOURCES
+
+    quant = {p.relative_to(build.CSRC).as_posix()
+             for p in (build.CSRC / "torch").glob("quant_*.cpp")}
+    assert set(QUANT_SOURCES) == quant and set(QUANT_SOURCES) <= set(build.SOURCES)
+    for program in ("contract_driver.cpp", "bench_quant.cpp"):
+        text = (build.CSRC / "test" / program).read_text()
+        assert set(re.findall(r'#include "(torch/quant_\w+\.cpp)"', text)) == quant, program
 
 
 def _run_fallback(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -98,12 +112,12 @@ def test_kernel_isa_follows_the_live_cpu_not_the_recorded_host(
     zen3 = from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
     platform = X86Platform(skylake, X86Platform.detect(skylake))
     assert platform.capabilities.isa == "avx512"
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen3)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: zen3)
     assert platform.kernel_isa() == "avx2"  # never AVX-512 code on an AVX2-only CPU
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: skylake)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: skylake)
     assert platform.kernel_isa() == "avx512"  # AVX-512 without AVX512_BF16
     zen4 = from_dump(HOSTS / "x86_64-zen4-epyc-9r14.cpuinfo")
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen4)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: zen4)
     assert platform.kernel_isa() == "avx512-bf16"  # vdpbf16ps only where the CPU has it
     avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
     assert avx2_platform.kernel_isa() == "avx2"  # an AVX2 platform never picks AVX-512
@@ -118,7 +132,7 @@ def test_kernel_isa_request_is_honoured_only_where_the_cpu_runs_it(
     zen3 = from_dump(HOSTS / "x86_64-zen3-epyc-milan-live.cpuinfo")
     avx512_platform = X86Platform(skylake, X86Platform.detect(skylake))
     avx2_platform = X86Platform(zen3, X86Platform.detect(zen3))
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: skylake)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: skylake)
     for isa in ("avx512", "avx2", "portable"):
         monkeypatch.setenv("GLOWLM_KERNEL_ISA", isa.upper())
         assert avx512_platform.kernel_isa() == isa
@@ -128,7 +142,7 @@ def test_kernel_isa_request_is_honoured_only_where_the_cpu_runs_it(
     with pytest.raises(ConfigError, match="runs the AVX2 platform"):
         monkeypatch.setenv("GLOWLM_KERNEL_ISA", "avx512")
         avx2_platform.kernel_isa()
-    monkeypatch.setattr("glowlm.platforms.host.live", lambda: zen3)
+    monkeypatch.setattr("glowlm_x86.platform.live_host", lambda: zen3)
     with pytest.raises(ConfigError, match="lacks avx512f, avx512bw, avx512vl"):
         avx512_platform.kernel_isa()
     monkeypatch.setenv("GLOWLM_KERNEL_ISA", "sse4")

@@ -37,7 +37,7 @@ def kernels():
     if not isinstance(platform, X86Platform) or platform.kernels() is None:
         pytest.skip("the x86 kernels do not run on this host")
     isa = platform.kernels().isa
-    assert load_quant_ops(isa), "quant_linear.cpp did not build or load"
+    assert load_quant_ops(isa), "the quantized kernels (quant_*.cpp) did not build or load"
     return kernels_for_isa(isa)
 
 

@@ -28,7 +28,7 @@ def kernels():
 
     isa = require_kernels().isa
     if not load_quant_ops(isa):
-        pytest.fail("quant_linear.cpp did not build or load")
+        pytest.fail("the quantized kernels (quant_*.cpp) did not build or load")
     return kernels_for_isa(isa)
 
 

@@ -1,7 +1,7 @@
 """The compiled quantized kernels against core's reference, and quantized checkpoints end to end.
 
 Random canonical weights (every bit width, group size, token count from decode to a
-prefill tile tail, fp32 and bf16) go through ``quant_linear.cpp`` and through core's
+prefill tile tail, fp32 and bf16) go through ``quant_*.cpp`` and through core's
 pure-PyTorch reference (:data:`glowlm.layers.quantization.kernels.REFERENCE_KERNELS`).
 Then the llm-compressor checkpoints in ``core/tests/fixtures/quant`` run through the
 engine with the compiled kernels and are compared with transformers' float32 outputs
@@ -34,7 +34,7 @@ def kernels():
     if not isinstance(platform, X86Platform) or platform.kernels() is None:
         pytest.skip("the x86 kernels do not run on this host")
     if not load_quant_ops(platform.kernels().isa):
-        pytest.fail("quant_linear.cpp did not build or load")
+        pytest.fail("the quantized kernels (quant_*.cpp) did not build or load")
     return X86_QUANT_KERNELS
 
 

@@ -115,7 +115,6 @@ def test_weight_prepack_follows_the_environment(monkeypatch: pytest.MonkeyPatch,
 
 def test_linear_method_falls_back_to_torch_without_zentorch(
         glowlm_logs: pytest.LogCaptureFixture) -> None:
-    pytest.importorskip("glowlm.layers.linear")
     try:
         import zentorch  # noqa: F401
         pytest.skip("zentorch is installed: the fallback path is not taken")

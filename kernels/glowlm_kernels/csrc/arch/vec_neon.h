@@ -121,7 +121,7 @@ inline VecF exp(VecF x) { return {exp4(x.lo), exp4(x.hi)}; }
 // without FEAT_EBF16 (or with FPCR.EBF = 0, Linux's default) rounds each product, their
 // sum, and the accumulation separately, with the non-IEEE round-to-odd mode, and
 // flushes denormal inputs and results to zero (Arm ARM, BFDOT (vector)). For the one
-// user, the 4-bit kernel (quant_linear.cpp), the products are (128 + q) * x with two
+// user, the 4-bit kernel (quant_wna16.cpp), the products are (128 + q) * x with two
 // bf16 operands of 8 significant bits each, so every product is exact in fp32 and its
 // rounding never happens; what remains is two fp32 roundings per dot2 of at most one
 // ulp each (round-to-odd) instead of half an ulp, i.e. twice x86's error bound on the

@@ -24,7 +24,7 @@
 // figure is the median over the repetitions, and "of read" is the GEMV's median over the
 // read's median of the same shape.
 //
-// Built and run by plugins/x86/tools/bench_linear.py --native ISA (the variant's flags
+// Built and run by tools/x86/bench_linear.py --native ISA (the variant's flags
 // from glowlm_kernels.build); OMP_NUM_THREADS sets the threads (default: all cores).
 #include <cmath>
 #include <cstdio>

@@ -1,6 +1,6 @@
 // Decode rate of the quantized linear kernels against the read bandwidth of the same
-// bytes, in one process (torch-free: csrc/torch/quant_linear.cpp over test/aten_shim,
-// as the contract driver compiles it, so this times the code the modules ship).
+// bytes, in one process (torch-free: csrc/torch/quant_*.cpp over test/aten_shim, as
+// the contract driver compiles them, so this times the code the modules ship).
 //
 // Why: at decode every packed weight byte is read once per token, so a quantized
 // kernel's figure of merit is, as the dense GEMV's (bench_gemv.cpp), the share of a
@@ -26,7 +26,7 @@
 // quantization, group sums, output) as the engine makes it. GB/s counts the packed
 // bytes (weights + scales).
 //
-// Built and run by plugins/x86/tools/bench_linear.py --native ISA --program quant;
+// Built and run by tools/x86/bench_linear.py --native ISA --program quant;
 // OMP_NUM_THREADS sets the threads (default: all cores).
 #include <cstdio>
 #include <random>
@@ -34,7 +34,10 @@
 #include <vector>
 
 #include "test/bench_util.h"  // timing, read bandwidth, 2 MiB-page copies (shared)
-#include "torch/quant_linear.cpp"  // the kernels, over test/aten_shim
+#include "torch/quant_wna16.cpp"  // the kernels, over test/aten_shim
+#include "torch/quant_wna8.cpp"
+#include "torch/quant_w8a8.cpp"
+#include "torch/quant_registration.cpp"
 
 namespace {
 

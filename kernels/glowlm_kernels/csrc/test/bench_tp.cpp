@@ -12,7 +12,7 @@
 // near 1 says TP = 2's shards stream as fast as TP = 1's whole matrices, so what the
 // engine loses beyond it is outside the GEMVs (the engine's own run: bench_tp.py).
 //
-// Built and run by plugins/x86/tools/bench_linear.py --native ISA --program tp; needs two
+// Built and run by tools/x86/bench_linear.py --native ISA --program tp; needs two
 // OpenMP threads (OMP_NUM_THREADS=2, the default there on a 2-CPU host).
 // Arguments: --reps R, --layers L, --hidden H, --inter I, --kv KV (the k and v width),
 // --vocab V (defaults: the llama-1b shape).

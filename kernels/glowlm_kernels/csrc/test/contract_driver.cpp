@@ -15,10 +15,11 @@
 // "summary <passed> <failed>"; the exit status is 1 if any case failed.
 //
 // The quantized linear kernels (wna16_linear: 4/8-bit weight-only, with the pairwise
-// bf16 dot product where vec.h has GLOWLM_VEC_BF16DOT; w8a8_linear) are still written
-// inside their torch binding, csrc/torch/quant_linear.cpp: the driver compiles that file
-// itself against the small ATen subset in test/aten_shim (its build puts that directory
-// on the include path) and calls the same C++ entry points the torch ops register.
+// bf16 dot product where vec.h has GLOWLM_VEC_BF16DOT; wna8_linear; w8a8_linear) are
+// still written inside their torch binding, csrc/torch/quant_*.cpp (one file per tile
+// family): the driver compiles those files itself against the small ATen subset in
+// test/aten_shim (its build puts that directory on the include path) and calls the same
+// C++ entry points the torch ops register.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -35,7 +36,11 @@
 #include "cpu/gemv.h"
 #include "cpu/norm_act.h"
 #include "cpu/rotary.h"
-#include "torch/quant_linear.cpp"  // the quantized kernels, over test/aten_shim
+// The quantized kernels over test/aten_shim: glowlm_kernels.build.QUANT_SOURCES.
+#include "torch/quant_wna16.cpp"
+#include "torch/quant_wna8.cpp"
+#include "torch/quant_w8a8.cpp"
+#include "torch/quant_registration.cpp"
 
 namespace {
 

@@ -1,10 +1,13 @@
-// Declarations of the CPU implementations registered in registration.cpp.
+// Declarations of the CPU implementations registered in registration.cpp (and, through
+// torch/quant_ops.h, of the quantized ones registered in quant_registration.cpp).
 #pragma once
 
 #include <torch/all.h>
 
 #include <optional>
 #include <tuple>
+
+#include "torch/quant_ops.h"
 
 namespace glowlm {
 
@@ -107,17 +110,6 @@ std::tuple<at::Tensor, at::Tensor> gemma_decoder_stack(
     const std::optional<at::Tensor>& tp);
 // collective.cpp: the shared-memory all-reduce the tensor-parallel stacks run.
 void shm_all_reduce(at::Tensor& x, const at::Tensor& tp);
-// quant_linear.cpp: weight-only int4/int8 and int8 x int8 (the stack's quantized
-// projections).
-at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                        const at::Tensor& zs, int64_t bits, int64_t group_size, int64_t n,
-                        const std::optional<at::Tensor>& bias);
-at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& wscale,
-                       const at::Tensor& wsum, double input_scale, int64_t input_zp, int64_t n,
-                       const std::optional<at::Tensor>& bias);
-// The same weights with int8 activations per 32 columns (GGUF's own arithmetic).
-at::Tensor wna8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                       const at::Tensor& zs, int64_t bits, int64_t group_size, int64_t n,
-                       const std::optional<at::Tensor>& bias);
+// The quantized linear ops are declared in torch/quant_ops.h (included above).
 
 }  // namespace glowlm

@@ -1,13 +1,13 @@
-// The few ATen names csrc/torch/quant_linear.cpp uses, for the torch-free contract driver.
+// The few ATen names csrc/torch/quant_*.cpp use, for the torch-free contract driver.
 //
 // Why: the quantized linear kernels (weight-only 4/8-bit, W8A8) live in the torch binding
-// file itself, not in a torch-free csrc/cpu header, and torch does not run under qemu.
-// The driver (contract_driver.cpp) compiles that very file against this header (only its
-// build puts csrc/test/aten_shim first on the include path), so the code tested on
-// aarch64 and s390x is the code the modules ship. Tensors here are dense, contiguous,
+// files themselves, not in a torch-free csrc/cpu header, and torch does not run under
+// qemu. The driver (contract_driver.cpp) compiles those very files against this header
+// (only its build puts csrc/test/aten_shim first on the include path), so the code tested
+// on aarch64 and s390x is the code the modules ship. Tensors here are dense, contiguous,
 // host-owned buffers; `to` converts float / bf16 / fp16 with the kernels' own scalar
 // conversions. Only what the kernels' fp32, bf16 and fp16 paths call is defined: a
-// change in quant_linear.cpp that needs more fails the driver's build, on purpose.
+// change in quant_*.cpp that needs more fails the driver's build, on purpose.
 // (Once the algorithms move to a csrc/cpu header, as the other ops did, this goes.)
 #pragma once
 
@@ -112,7 +112,7 @@ class Tensor {
     return out;
   }
 
-  // Unused by the kernels' float / bf16 / fp16 outputs (quant_linear.cpp's finish falls
+  // Unused by the kernels' float / bf16 / fp16 outputs (quant_common.h's finish falls
   // back to these only for other dtypes); refuse rather than pretend.
   Tensor narrow(int64_t, int64_t, int64_t) const {
     throw std::runtime_error("narrow is not in the contract driver's ATen subset");
