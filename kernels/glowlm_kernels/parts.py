@@ -26,6 +26,7 @@ from glowlm.plugin_api import (
     OpsTable,
     ReferenceAttentionBackend,
     UnquantizedLinearMethod,
+    reference_ops,
 )
 from torch import nn
 
@@ -33,8 +34,8 @@ from glowlm_kernels import build
 
 #: The ops these parts use (``Capabilities.kernels`` of a platform running them).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding",
-            "silu_and_mul", "gelu", "gelu_tanh", "relu", "gemv", "gemm", "write_kv",
-            "paged_attention", "paged_attention_window")
+            "silu_and_mul", "gelu", "gelu_tanh", "relu", "gemv", "gemm", "fused_moe",
+            "write_kv", "paged_attention", "paged_attention_window")
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: fp32 lanes per vector of every non-x86 variant (head and block sizes must be multiples).
 VECTOR_WIDTH = 8
@@ -87,7 +88,18 @@ class PluginKernels:
         return OpsTable(rms_norm=ns.rms_norm, fused_add_rms_norm=ns.fused_add_rms_norm,
                         layer_norm=ns.layer_norm, rotary_embedding=ns.rotary_embedding,
                         silu_and_mul=ns.silu_and_mul, gelu=ns.gelu, gelu_tanh=ns.gelu_tanh,
-                        relu=ns.relu, dense_linear=self.dense_linear)
+                        relu=ns.relu, dense_linear=self.dense_linear,
+                        fused_moe=self.fused_moe)
+
+    def fused_moe(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                  activation: str = "silu") -> torch.Tensor:
+        """The routed experts grouped by expert (``reference.fused_moe``'s contract): the
+        GEMV over an expert's tokens up to :data:`GEMV_MAX_M` of them, the GEMM above."""
+        if w13.dtype not in KERNEL_DTYPES or x.dtype not in KERNEL_DTYPES:
+            return reference_ops.fused_moe(x, w13, w2, topk_weights, topk_ids, activation)
+        ops = getattr(torch.ops, self.namespace)
+        return ops.fused_moe(x, w13, w2, topk_weights, topk_ids, activation, GEMV_MAX_M)
 
     def dense_linear(self, x: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None) -> torch.Tensor:

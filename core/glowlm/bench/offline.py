@@ -85,10 +85,16 @@ def _prepared_bytes(prepared: Any) -> int:
 def weight_bytes(engine: Any) -> int:
     """Bytes of weights read per decode step: parameters and quantized layers' prepared
     weights, tied embeddings counted once, as the LM head (a dense embedding of its own
-    is a lookup, not a read)."""
+    is a lookup, not a read). A mixture-of-experts layer's experts count for the
+    ``top_k`` of them one token is routed to: what one decoding sequence (P1) reads."""
     model = engine.setup.model
     embed = getattr(getattr(model, "model", model), "embed_tokens", None)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for m in model.modules():
+        experts = getattr(m, "num_experts", None)
+        if isinstance(experts, int) and hasattr(m, "w13") and hasattr(m, "w2"):
+            stacked = sum(p.numel() * p.element_size() for p in (m.w13, m.w2))
+            total -= stacked - stacked * m.top_k // experts
     total += sum(_prepared_bytes(m.quant_weight) for m in model.modules()
                  if hasattr(m, "quant_weight"))
     embed_w = getattr(embed, "weight", None)

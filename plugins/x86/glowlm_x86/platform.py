@@ -9,7 +9,9 @@ subclasses this class and ranks above it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -180,6 +182,7 @@ class X86Platform(Platform):
                          layer_norm=ops.layer_norm, rotary_embedding=ops.rotary_embedding,
                          silu_and_mul=ops.silu_and_mul, gelu=ops.gelu, gelu_tanh=ops.gelu_tanh,
                          relu=ops.relu, dense_linear=dense_linear,
+                         fused_moe=_moe_op(linear),
                          ln_decoder_layer=make_ln_decoder_layer(linear.policy, attention)
                          if fuse else None,
                          rms_decoder_layer=make_rms_decoder_layer(linear.policy, attention)
@@ -204,6 +207,16 @@ class X86Platform(Platform):
         from glowlm_x86.kernels.linear import X86LinearMethod
 
         return X86LinearMethod(kernel_version=library.name)
+
+
+def _moe_op(linear: object) -> Callable[..., torch.Tensor]:
+    """The compiled ``fused_moe`` with the dense method's GEMV/GEMM switch (the rows up
+    to which an expert's tokens stream its weights; 8 where the method has no policy)."""
+    from glowlm_x86.kernels import ops
+
+    policy = getattr(linear, "policy", None)
+    return functools.partial(ops.fused_moe,
+                             gemv_max_m=policy.gemv_max_m if policy is not None else 8)
 
 
 def is_amd_avx512(host: HostInfo) -> bool:

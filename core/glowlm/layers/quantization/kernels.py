@@ -119,7 +119,7 @@ def quantize_act_blocks(x: torch.Tensor, block: int = ACT_BLOCK) -> torch.Tensor
         raise ValueError(f"{k} columns are not whole blocks of {block}")
     blocks = x.float().reshape(m * k // block, block)
     # Blocks below TINY_AMAX are zeros (127 / max|x| would overflow float32), as in
-    # quant_linear.cpp.
+    # quant_wna8.cpp.
     tiny = blocks.abs().amax(dim=1, keepdim=True) < TINY_AMAX
     q, scale = quantize_activations(torch.where(tiny, 0.0, blocks), None, 0)
     return (q * scale).reshape(m, k)

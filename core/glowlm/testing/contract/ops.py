@@ -53,6 +53,18 @@ def _op_cases(dtype: torch.dtype) -> dict[str, list[tuple[Any, ...]]]:
         pos = torch.randint(0, 128, (tokens,), generator=gen(tokens))
         rot.append((pos, q, k, table, rot_dim, neox))
     cases["rotary_embedding"] = rot
+    # The experts of a MoE layer: one token (decode), a few, and more tokens per expert
+    # than the GEMV takes (prefill), with an expert no token chose among 8.
+    moe = []
+    for tokens, top_k in ((1, 2), (5, 2), (40, 3)):
+        x = randn(tokens, 64, dtype=dtype, seed=20 + tokens)
+        w13 = randn(8, 64, 64, dtype=dtype, seed=21) * 0.125
+        w2 = randn(8, 64, 32, dtype=dtype, seed=22) * 0.18
+        logits = randn(tokens, 8, dtype=dtype, seed=23 + tokens)
+        logits[:, 6] = -30.0  # never routed
+        weights, ids = reference.moe_route(logits, top_k, renormalize=True)
+        moe.append((x, w13, w2, weights, ids, "silu"))
+    cases["fused_moe"] = moe
     return cases
 
 
@@ -69,7 +81,7 @@ def check_ops(platform: Platform, dtype: torch.dtype) -> None:
     assert not missing, f"the contract suite has no case for op(s) {missing}"
     for name in replaced:
         ref = getattr(reference, name)
-        tol = GEMM_TOL[dtype] if name == "dense_linear" else TOL[dtype]
+        tol = GEMM_TOL[dtype] if name in ("dense_linear", "fused_moe") else TOL[dtype]
         for i, args in enumerate(cases[name]):
             want = ref(*args)
             got = getattr(ops, name)(*[a.clone() if isinstance(a, torch.Tensor) else a

@@ -5,6 +5,7 @@
 #include <torch/all.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "torch/quant_ops.h"
@@ -37,6 +38,10 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight,
                 const std::optional<at::Tensor>& bias);
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& weight,
                 const std::optional<at::Tensor>& bias);
+// moe.cpp: a mixture-of-experts layer's routed experts, grouped by expert.
+at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& w13, const at::Tensor& w2,
+                     const at::Tensor& topk_weights, const at::Tensor& topk_ids,
+                     const std::string& activation, int64_t gemv_max_m);
 // gemm_packed.cpp: the block-packed GEMM (fp32; bf16 with a bf16 dot product).
 int64_t packed_width(at::ScalarType dtype);
 at::Tensor pack_blocks(const at::Tensor& weight);

@@ -27,6 +27,8 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
   m.def("relu(Tensor x) -> Tensor");
   m.def("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemm(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("fused_moe(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids,"
+        " str activation, int gemv_max_m) -> Tensor");
   // The block-packed GEMM (gemm_packed.cpp): W lanes per block for the dtypes this build
   // runs (float32; bfloat16 with the pairwise bf16 dot product), else 0 (and the other
   // two refuse).
@@ -91,6 +93,7 @@ GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("relu", &glowlm::relu);
   m.impl("gemv", &glowlm::gemv);
   m.impl("gemm", &glowlm::gemm);
+  m.impl("fused_moe", &glowlm::fused_moe);
   m.impl("pack_blocks", &glowlm::pack_blocks);
   m.impl("pack_blocks_into", &glowlm::pack_blocks_into);
   m.impl("gemm_packed", &glowlm::gemm_packed);

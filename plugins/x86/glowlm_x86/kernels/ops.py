@@ -16,7 +16,7 @@ from torch import Tensor
 
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul",
-            "gelu", "gelu_tanh", "relu", "gemv", "gemm", "packed_width", "pack_blocks",
+            "gelu", "gelu_tanh", "relu", "gemv", "gemm", "fused_moe", "packed_width", "pack_blocks",
             "pack_blocks_into", "gemm_packed", "write_kv", "paged_attention",
             "paged_attention_window",
             "ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack",
@@ -71,6 +71,15 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 def gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` by the blocked GEMM (weights converted in registers)."""
     return torch.ops.glowlm_x86.gemm(x, weight, bias)
+
+
+def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+              activation: str = "silu", gemv_max_m: int = 8) -> Tensor:
+    """A MoE layer's routed experts grouped by expert (``reference.fused_moe``'s contract):
+    each routed expert's gate|up and down as one GEMV (up to ``gemv_max_m`` of its tokens)
+    or GEMM over its tokens, the weighted sum in fp32."""
+    return torch.ops.glowlm_x86.fused_moe(x, w13, w2, topk_weights, topk_ids, activation,
+                                          gemv_max_m)
 
 
 def packed_width(dtype: torch.dtype) -> int:
@@ -184,6 +193,11 @@ def _register_fakes() -> None:
     @reg("glowlm_x86::gemm")
     def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty((x.shape[0], weight.shape[0]))
+
+    @reg("glowlm_x86::fused_moe")
+    def _(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+          activation: str, gemv_max_m: int) -> Tensor:
+        return x.new_empty(x.shape)
 
     @reg("glowlm_x86::pack_blocks")
     def _(weight: Tensor) -> Tensor:
