@@ -62,10 +62,12 @@ test-cross: install
 	fi
 	$(VENV)/bin/pytest -q -p no:cacheprovider kernels/tests
 
-# The Docker image built and served (tests/docker, docs/docker.md): docker/Dockerfile's cpu
+# The Docker images built and served (tests/docker, docs/docker.md): docker/Dockerfile's cpu
 # target (kernels compiled in the build, from a debootstrap-made local base when no
 # registry answers), `glowlm serve` in it checked through the published port, the NUMA
-# flags with and without, docker stop. Installs Debian's docker.io and debootstrap when
+# flags with and without, docker stop; then the zen target (the same venv plus
+# glowlm-zen[zentorch]): zentorch importable beside the x86 kernels, the platform this
+# host selects (zen on AMD with AVX-512, x86 elsewhere), the default model served. Installs Debian's docker.io and debootstrap when
 # missing (as root with apt-get); the test starts dockerd itself when none runs, and
 # without a way to run Docker it skips with the reason.
 .PHONY: test-docker
@@ -78,6 +80,17 @@ test-docker: install
 	    docker.io debootstrap >/dev/null; \
 	fi
 	$(VENV)/bin/pytest -q -rs -p no:cacheprovider -m docker tests/docker $(PYTEST_ARGS)
+
+# The CI matrix replayed (tools/ci_local.py): each job of .github/workflows/ci.yml this
+# machine can run (lint and the x86 jobs on an x86_64 Linux host; docker and cross where
+# docker, qemu-user and the cross compilers are), with its exact install lines in a fresh
+# venv under .ci-local/<job>, then its exact commands; the others are listed as not run,
+# with the reason. CI_JOBS=lint,x86-avx2 picks jobs; the x86 replays install torch and
+# compile the kernels in each venv (tens of minutes on 2 cores).
+.PHONY: ci-local
+CI_JOBS ?=
+ci-local: install
+	$(PY) tools/ci_local.py $(if $(CI_JOBS),--jobs $(CI_JOBS))
 
 test-slow: install
 	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
@@ -234,4 +247,4 @@ quant-accuracy: install quant-venv
 	$(PY) tools/quant_accuracy.py compare $(QUANT_ACCURACY)
 
 clean:
-	rm -rf $(VENV) build core/build plugins/*/build
+	rm -rf $(VENV) .ci-local build core/build plugins/*/build

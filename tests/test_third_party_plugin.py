@@ -171,3 +171,26 @@ def test_glowlm_serve_answers_a_chat_request_on_it(example_copy: Path, tmp_path:
         stop_server(server)
     log = server.log.read_text(errors="replace")
     assert "platform example" in log, log[-3000:]
+
+
+def test_the_template_builds_in_isolation_against_glowlms_torch() -> None:
+    """Plain ``pip install .`` builds in an isolated environment: its torch is the build
+    requirement, pinned to the torch glowlm runs on (the op's ABI), and the C++ standard
+    is the one torch's own extension builds use for its headers (setuptools passes none,
+    and g++'s default C++17 does not build torch 2.13's). The isolated build itself ran
+    once by hand (docs/writing-a-plugin.md): it installs a whole torch."""
+    import inspect
+    import re
+    import tomllib
+
+    import torch
+    from torch.utils import cpp_extension
+
+    requires = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["build-system"][
+        "requires"]
+    public = torch.__version__.split("+")[0]
+    assert f"torch=={public}" in requires, requires
+    standards = set(re.findall(r"-std=c\+\+\d+", inspect.getsource(cpp_extension)))
+    args = re.search(r"extra_compile_args=\[([^\]]*)\]", (EXAMPLE / "setup.py").read_text())
+    assert args is not None
+    assert re.findall(r"-std=c\+\+\d+", args.group(1)) == [max(standards)], standards

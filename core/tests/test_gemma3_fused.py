@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -90,7 +91,11 @@ class _Fused:
 
 def test_a_stack_takes_layers_that_differ_only_in_their_window() -> None:
     attention = [_Attn(0, 12), _Attn(1, None)]
-    assert FusedStack(lambda *a: "ran", [_Fused(), _Fused()], attention).fn is None
+    # An op without per-layer windows runs them only in steps the smallest window fits
+    # (full attention equals windowed there) and declines longer ones.
+    plain = FusedStack(lambda *a: "ran", [_Fused(), _Fused()], attention)
+    assert plain(kv_caches=[1, 2], metadata=SimpleNamespace(max_seq_len=12)) == "ran"
+    assert plain(kv_caches=[1, 2], metadata=SimpleNamespace(max_seq_len=13)) is None
     stack = FusedStack(lambda *a: a[-1], [_Fused(), _Fused()], attention,
                        per_layer_window=True)
     assert stack(kv_caches=[1, 2], metadata=None) == AttentionLayerSpec(4, 2, 32, 0.2, None)

@@ -6,7 +6,11 @@ gives transformers' tokens on the same file.
 ``mistral`` is written with GGUF architecture ``llama`` (as the converter does), so it
 covers the q/k row permutation; qwen2 covers q/k/v biases and a tied head, qwen3 the
 q/k norms and a head_dim other than hidden / heads, gemma3 the four norms stored as
-``1 + w``, the sliding-window pattern and the query scale.
+``1 + w``, the sliding-window pattern and the query scale; gemma2 the same norms, the
+alternating windows and both soft-caps from the file's keys; starcoder2 LayerNorm weights
+and biases, biased projections and its ``c_fc`` / ``c_proj`` MLP as ``ffn_up`` /
+``ffn_down``; phi3 its fused ``attn_qkv`` / ``ffn_up`` tensors, LongRoPE factors as the
+``rope_factors_long/short`` tensors, partial rotary as ``rope.dimension_count``, the window.
 """
 
 from __future__ import annotations
@@ -28,7 +32,12 @@ GEMMA = dict(query_pre_attn_scalar=32, num_hidden_layers=6,
                                                     "rope_theta": 1e4}})
 #: What llama.cpp's GGUF keys can describe: Gemma 3's standard layer pattern (one global
 #: layer in six), query scale = head_dim, unscaled rope; the other tiny configs as they are.
-OVERRIDES = {"mistral": {}, "qwen2": {}, "qwen3": {}, "gemma3": GEMMA}
+#: Gemma 2: the query scale llama.cpp applies (head_dim); Starcoder2: llama.cpp has no
+#: window for it, so none.
+#: Llama: Llama 3.1's rope scaling, which llama.cpp writes as a rope_freqs tensor.
+OVERRIDES = {"llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma3": GEMMA,
+             "gemma2": {"query_pre_attn_scalar": 32}, "starcoder2": {"sliding_window": None},
+             "phi3": {}}
 
 
 @pytest.fixture(scope="module")

@@ -35,12 +35,19 @@ from glowlm.layers.quantization.gguf import (
     split_blocks,
 )
 from glowlm.layers.quantization.kernels import WeightOnlyInt
+from glowlm.testing.gguf_runs import (
+    PROMPTS,
+    SMALL,
+    assert_same,
+    host_gguf_kernels,
+    host_platform,
+    native_gguf_platform,
+    run_greedy,
+)
 
 gguf = pytest.importorskip("gguf")
 
 INTEGER_ZERO = ("Q4_0", "Q8_0", "Q5_0", "Q3_K", "Q6_K")
-SMALL = dict(kv_cache_space_gib=0.02, block_size=32, show_progress=False)
-PROMPTS = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 60)), [300, 12, 99, 4, 250] * 5]
 
 
 def _weights(rows: int = 48, cols: int = 512) -> np.ndarray:
@@ -156,39 +163,10 @@ def _shapes(model_dir: Path) -> dict[str, int]:
 
 
 def _native_platform() -> str:
-    from glowlm import envs
-    from glowlm.layers.quantization import implemented
-    from glowlm.platforms import host, select_platform
-
-    platform = select_platform(host.live(), None, envs.get().plugins_block).platform
-    if "gguf" not in implemented(platform):
-        pytest.skip(f"the {platform.name} platform runs no GGUF blocks natively")
-    return platform.name
-
-
-def _gguf_kernels():
-    """The GGUF kernel set of the host's own platform (as _native_platform selects it)."""
-    from glowlm import envs
-    from glowlm.layers import quantization
-    from glowlm.platforms import host, select_platform
-
-    platform = select_platform(host.live(), None, envs.get().plugins_block).platform
-    return quantization.resolve({"quant_method": "gguf", "layers": {}}, platform).kernels()
-
-
-def _run(path: Path, platform: str, **kw: object) -> tuple[LLM, list]:
-    llm = LLM(str(path), dtype="float32", platform=platform, **SMALL, **kw)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=0)
-    return llm, llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
-                             use_tqdm=False)
-
-
-def _same(got: list, want: list) -> None:
-    for a, b in zip(got, want, strict=True):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        la = torch.tensor([next(iter(p.values())).logprob for p in a.prompt_logprobs[1:]])
-        lb = torch.tensor([next(iter(p.values())).logprob for p in b.prompt_logprobs[1:]])
-        torch.testing.assert_close(la, lb, rtol=0, atol=1e-4)
+    name = native_gguf_platform()
+    if name is None:
+        pytest.skip(f"the {host_platform().name} platform runs no GGUF blocks natively")
+    return name
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2", "gemma3"])
@@ -210,9 +188,9 @@ def test_mixed_native_file_equals_the_dequantized_path(mixed_file, arch, monkeyp
         cfg["final_logit_softcapping"] = 5.0  # small, so it changes the log-probs
         cfg_file.write_text(json.dumps(cfg))
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE", "0")
-    _, want = _run(path, platform)
+    _, want = run_greedy(path, platform)
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE", "1")
-    llm, got = _run(path, platform)
+    llm, got = run_greedy(path, platform)
     model = llm.engine.runner.model
     head = model.lm_head
     assert isinstance(head.method, GGUFLinearMethod) and not hasattr(head, "weight")
@@ -223,7 +201,7 @@ def test_mixed_native_file_equals_the_dequantized_path(mixed_file, arch, monkeyp
     assert isinstance(qkv, GGUFLinearMethod)
     if arch != "gemma3":  # Q4_K|Q5_K|Q6_K -> 8-bit groups of 16
         assert (qkv.bits, qkv.group) == (8, 16)
-    _same(got, want)
+    assert_same(got, want)
 
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma3"])
@@ -239,12 +217,12 @@ def test_int8_activations_compiled_equal_the_reference(mixed_file, arch, monkeyp
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE_HEAD", "1")
     monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", "1")
     path = mixed_file(arch)
-    llm, got = _run(path, platform)
+    llm, got = run_greedy(path, platform)
     qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.quant_weight.act_block == 32
     del llm
     monkeypatch.setenv("GLOWLM_DISABLE_KERNELS", "1")
-    _, want = _run(path, platform)
+    _, want = run_greedy(path, platform)
     for a, b in zip(got, want, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         la = torch.tensor([next(iter(p.values())).logprob for p in a.prompt_logprobs[1:]])
@@ -328,7 +306,7 @@ def test_head_policy(mixed_file, arch, head, int8, native, monkeypatch, tmp_path
     vpmaddubsw); where the fast path is a bf16 dot product (avx512-bf16) it stays dense."""
     platform = _native_platform()
     if int8 == "1" and head == "auto":
-        native = _gguf_kernels().int8_activations
+        native = host_gguf_kernels().int8_activations
     monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "gguf-cache"))
     monkeypatch.setenv("GLOWLM_GGUF_NATIVE_HEAD", head)
     monkeypatch.setenv("GLOWLM_GGUF_INT8_ACTIVATIONS", int8)

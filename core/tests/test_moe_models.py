@@ -93,7 +93,9 @@ def test_a_missing_expert_is_one_line(tmp_path) -> None:  # noqa: ANN001
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"tensor_parallel_size": 2},
-                                    {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
+                                    {"pipeline_parallel_size": 2},
+                                    {"tensor_parallel_size": 2, "enable_expert_parallel": True}],
+                         ids=["tp2", "pp2", "tp2-ep"])
 @pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
 def test_parallel_gives_the_single_process_tokens(tiny_model_dir, arch: str,  # noqa: ANN001
                                                   layout: dict[str, int],
@@ -125,3 +127,43 @@ def test_a_gguf_file_gives_the_checkpoints_tokens(tiny_model_dir, tmp_path, arch
     llm = LLM(str(path), platform="generic", **SMALL)
     assert type(llm.engine.runner.model).__name__ == CLASSES[arch]
     assert _greedy(llm, prompts) == want
+
+
+def test_expert_parallel_gives_the_single_process_tokens(tiny_model_dir,  # noqa: ANN001
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """--enable-expert-parallel at TP=2 (Qwen2-MoE: routed experts split 4 + 4 between
+    the ranks, the shared expert sliced as a dense MLP): the tokens of one process, and
+    each rank holds only its own experts, whole."""
+    from glowlm.testing.parallel import rank_env
+
+    for k, v in rank_env().items():
+        monkeypatch.setenv(k, v)
+    model_dir = tiny_model_dir("qwen2_moe")
+    prompts = _prompts()
+    want = _greedy(LLM(str(model_dir), platform="generic", **SMALL), prompts)
+    llm = LLM(str(model_dir), platform="generic", tensor_parallel_size=2,
+              enable_expert_parallel=True, **SMALL)
+    try:
+        experts = llm.engine.runner.model.model.layers[0].mlp.experts
+        assert (experts.local_experts, experts.first_expert) == (4, 0)
+        assert tuple(experts.w13.shape) == (4, 64, 64)  # 4 whole experts of 2 x 32 rows
+        assert _greedy(llm, prompts) == want
+    finally:
+        llm.engine.shutdown()
+
+
+def test_expert_parallel_needs_whole_experts_per_rank() -> None:
+    """6 experts over 4 ranks: one line naming the flag (a layer, no processes)."""
+    from glowlm.distributed.parallel import ParallelState
+    from glowlm.errors import GlowlmError
+    from glowlm.layers.context import ModelParts
+    from glowlm.layers.moe import FusedMoE
+
+    parts = ModelParts(dtype=torch.float32, parallel=ParallelState(tp_rank=1, tp_size=2),
+                       expert_parallel=True)
+    layer = FusedMoE(8, 2, 64, 32, True, parts, "mlp.experts")
+    assert (layer.local_experts, layer.first_expert, layer.inter) == (4, 4, 32)
+    parts.parallel = ParallelState(tp_rank=0, tp_size=4)
+    with pytest.raises(GlowlmError, match=r"experts \(--enable-expert-parallel\)"):
+        FusedMoE(6, 2, 64, 32, True, parts, "mlp.experts")

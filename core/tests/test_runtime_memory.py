@@ -148,3 +148,29 @@ def test_plan_and_engine_agree_on_kv_bytes(arch: str, tmp_path: Path) -> None:
                                 torch.float32)
     planned = memory.kv_bytes_per_token(memory.model_dims(setup.info.hf_config), torch.float32)
     assert planned == engine > 0
+
+
+def test_native_gguf_experts_count_at_their_block_width(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MoE GGUF's experts are most of its bytes: the plan counts natively run layers
+    at their bits (plus a float32 scale and zero per group), not dequantized, so a file
+    that fits once loaded is not refused; with GLOWLM_GGUF_NATIVE=0 it is the dense
+    size."""
+    from glowlm.testing.tiny_gguf import write_tiny_gguf
+
+    monkeypatch.setenv("GLOWLM_GGUF_CACHE", str(tmp_path / "cache"))
+    model = make_tiny_model("qwen3_moe", tmp_path / "moe")
+    path = write_tiny_gguf(model, tmp_path / "moe.gguf", "Q4_0")
+    native_info = read_model_dir(path)
+    assert any(".experts." in m for m in native_info.gguf_native)
+    native, _, how = memory.weight_bytes(native_info, torch.float32)
+    assert "native blocks" in how
+    monkeypatch.setenv("GLOWLM_GGUF_NATIVE", "0")
+    dense_info = read_model_dir(path)
+    dense, _, how = memory.weight_bytes(dense_info, torch.float32)
+    assert how == "GGUF header, dequantized" and not dense_info.gguf_native
+    # 4 bits + 2 float32 per 32 weights = 0.75 bytes against 4 (float32), on most bytes.
+    assert native < 0.35 * dense
+    t = topology.read(SYSFS / "kvm-epyc-2vcpu")
+    plan = plan_memory(native_info, torch.float32, cfg(path), 1024, topo=t, meminfo=meminfo(20))
+    assert plan.weights_bytes == native

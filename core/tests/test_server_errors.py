@@ -110,7 +110,9 @@ BAD: list[tuple[str, str, Any, int, str]] = [
      400, "tool"),
     ("tokenize with neither prompt nor messages", "/tokenize", {}, 400, "prompt"),
     ("detokenize bad ids", "/detokenize", {"tokens": [-1]}, 400, "tokens"),
-    ("unknown route", "/v1/embeddings", {"input": "x"}, 404, "Not Found"),
+    ("unknown route", "/v1/no-such-route", {"input": "x"}, 404, "Not Found"),
+    ("embeddings on a generating server", "/v1/embeddings", {"input": "x"}, 400,
+     "--runner pooling"),
 ]
 
 

@@ -107,3 +107,11 @@ def test_rounds_alternate_the_order_and_keep_the_read_beside_each_p1(
     bp.print_table(report)
     assert ("bf16: read GB/s just before each P1 -> decode tok/s: glowlm 60 -> 25.0, "
             "37 -> 17.0, 58 -> 24.0") in capsys.readouterr().out
+
+
+def test_embed_inputs_are_glowlm_bench_embeds() -> None:
+    from glowlm.bench import embed
+
+    for batch, length, vocab, seed in ((1, 128, 30522, 0), (32, 128, 250002, 0), (3, 7, 50, 1)):
+        assert vllm_peer.embed_inputs(batch, length, vocab, seed) == \
+            embed.inputs(batch, length, vocab, seed)

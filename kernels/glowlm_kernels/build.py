@@ -40,7 +40,8 @@ QUANT_HEADERS = ("torch/quant_common.h", "torch/quant_ops.h")
 #: The torch module's translation units (the algorithms are headers under csrc/cpu).
 TORCH_SOURCES = (*(f"torch/{name}" for name in (
     "registration.cpp", "norm_act.cpp", "rotary.cpp", "linear.cpp", "gemm.cpp",
-    "gemm_packed.cpp", "attention.cpp", "fused_layer.cpp", "gemma_layer.cpp", "moe.cpp")),
+    "gemm_packed.cpp", "attention.cpp", "fused_layer.cpp", "gemma_layer.cpp", "moe.cpp",
+    "lora.cpp")),
     *QUANT_SOURCES, "torch/collective.cpp")
 BUILD_INFO = "_kernels_build.json"
 #: Rough run-time (fallback) build time on a busy 2-vCPU machine (shown to the user).

@@ -20,12 +20,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from glowlm.plugin_api import (
+    TORCH_LINEAR,
     AttentionBackend,
     AttentionLayerSpec,
     AttentionMetadata,
+    LinearCandidate,
     OpsTable,
     ReferenceAttentionBackend,
     UnquantizedLinearMethod,
+    onednn_candidates,
     reference_ops,
 )
 from torch import nn
@@ -35,8 +38,11 @@ from glowlm_kernels import build
 #: The ops these parts use (``Capabilities.kernels`` of a platform running them).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding",
             "silu_and_mul", "gelu", "gelu_tanh", "relu", "gemv", "gemm", "fused_moe",
-            "write_kv", "paged_attention", "paged_attention_window")
+            "lora_shrink_expand", "write_kv", "paged_attention", "paged_attention_window")
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: KV cache dtypes the compiled attention reads: also the 8-bit floats of
+#: ``--kv-cache-dtype fp8`` / ``fp8_e5m2`` (widened in registers, arch/vec_*.h).
+KV_DTYPES = (*KERNEL_DTYPES, torch.float8_e4m3fn, torch.float8_e5m2)
 #: fp32 lanes per vector of every non-x86 variant (head and block sizes must be multiples).
 VECTOR_WIDTH = 8
 #: Token rows up to which the weight-streaming GEMV runs (x86's measured threshold).
@@ -55,6 +61,7 @@ class PluginKernels:
         self._lock = threading.Lock()
         self._tried = False
         self._library: build.KernelLibrary | None = None
+        self._version = ""
         self.why_not = ""
 
     @property
@@ -83,13 +90,42 @@ class PluginKernels:
                     self.why_not = "the kernel module did not load (see the warning)"
             return self._library
 
+    def version(self) -> str:
+        """The loaded module's ISA and source hash (the linear choice's cache key part:
+        a kernel change measures again); ``""`` before a module loaded."""
+        lib = self._library
+        if lib is None:
+            return ""
+        if not self._version:
+            variant = build.VARIANTS[self.plugin][lib.isa]
+            self._version = f"{lib.isa}-{build.source_hash(variant)}"
+        return self._version
+
     def ops_table(self) -> OpsTable:
+        """The compiled ops, the shared-memory all-reduce included: its release / acquire
+        atomics (``cpu/shm_reduce.h``) are the fences a weakly ordered CPU needs, which
+        the Python path gets only from a system call per publish and wait
+        (:mod:`glowlm.distributed.fence`)."""
         ns = getattr(torch.ops, self.namespace)
         return OpsTable(rms_norm=ns.rms_norm, fused_add_rms_norm=ns.fused_add_rms_norm,
                         layer_norm=ns.layer_norm, rotary_embedding=ns.rotary_embedding,
                         silu_and_mul=ns.silu_and_mul, gelu=ns.gelu, gelu_tanh=ns.gelu_tanh,
                         relu=ns.relu, dense_linear=self.dense_linear,
-                        fused_moe=self.fused_moe)
+                        fused_moe=self.fused_moe, lora_shrink_expand=self.lora_shrink_expand,
+                        shm_all_reduce=ns.shm_all_reduce)
+
+    def lora_shrink_expand(self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
+                           b: torch.Tensor, groups: list[tuple[int, torch.Tensor | None]],
+                           slots: torch.Tensor | None = None) -> torch.Tensor:
+        """LoRA updates on their rows (``reference.lora_shrink_expand``'s contract): each
+        used slot's rows gathered once, shrink and expand on the GEMV (the GEMM above
+        :data:`GEMV_MAX_M` rows), the intermediate in fp32."""
+        if a.dtype not in KERNEL_DTYPES or x.dtype not in KERNEL_DTYPES:
+            return reference_ops.lora_shrink_expand(y, x, a, b, groups)
+        if slots is None:
+            slots = reference_ops.lora_row_slots(groups, x.shape[0])
+        ops = getattr(torch.ops, self.namespace)
+        return ops.lora_shrink_expand(y, x, a, b, slots, GEMV_MAX_M)
 
     def fused_moe(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -112,21 +148,50 @@ class PluginKernels:
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     def linear_method(self) -> UnquantizedLinearMethod:
-        return CompiledLinearMethod(self.dense_linear)
+        return CompiledLinearMethod(self.dense_linear, self.version() or "unknown")
 
     def attention_backend(self) -> AttentionBackend:
         return CompiledAttentionBackend(self.namespace)
 
 
-class CompiledLinearMethod(UnquantizedLinearMethod):
-    """Dense weights through the plugin's GEMV / GEMM."""
+def _kernel_weight(layer: nn.Module) -> bool:
+    w = getattr(layer, "weight", None)
+    return (isinstance(w, torch.Tensor) and w.dim() == 2 and w.layout == torch.strided
+            and w.dtype in KERNEL_DTYPES)
 
-    def __init__(self, linear: Callable[..., torch.Tensor]) -> None:
+
+def compiled_candidate(linear: Callable[..., torch.Tensor], version: str) -> LinearCandidate:
+    """The plugin's GEMV / GEMM as a measured-choice candidate, named ``glowlm`` as on x86
+    (so ``GLOWLM_LINEAR_IMPL=glowlm`` pins it on every platform).
+
+    Not ``fused``: these platforms have no fused decoder ops whose kernels it would be.
+    The version holds the module's ISA and source hash and the GEMV/GEMM switch.
+    """
+    return LinearCandidate("glowlm", f"{version}-m{GEMV_MAX_M}",
+                           lambda layer, x, bias: linear(x, layer.weight, bias),
+                           _kernel_weight)
+
+
+class CompiledLinearMethod(UnquantizedLinearMethod):
+    """Dense weights through the plugin's GEMV / GEMM.
+
+    Offers the measured choice its compiled GEMV/GEMM first (the incumbent, what
+    ``apply`` runs), then oneDNN on a packed weight where this torch has it, then
+    torch's ``F.linear``: every kernel the platform lists is a candidate, and each
+    shape keeps whichever is fastest on this CPU (:mod:`glowlm.layers.linear_choice`).
+    """
+
+    def __init__(self, linear: Callable[..., torch.Tensor], version: str = "unknown") -> None:
         self.linear = linear
+        self.version = version
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
               ) -> torch.Tensor:
         return self.linear(x, layer.weight, bias)
+
+    def linear_candidates(self, layer: nn.Module) -> list[LinearCandidate]:
+        return [compiled_candidate(self.linear, self.version), *onednn_candidates(),
+                TORCH_LINEAR]
 
 
 class CompiledAttentionBackend(AttentionBackend):
@@ -145,7 +210,7 @@ class CompiledAttentionBackend(AttentionBackend):
 
     def supports(self, head_size: int, block_size: int, kv_dtype: torch.dtype) -> bool:
         return (head_size % VECTOR_WIDTH == 0 and block_size % VECTOR_WIDTH == 0
-                and kv_dtype in KERNEL_DTYPES)
+                and kv_dtype in KV_DTYPES)
 
     def forward(self, layer: AttentionLayerSpec, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
@@ -171,18 +236,43 @@ class CompiledKernelsPlatform:
     """Mixin for a :class:`~glowlm.platforms.interface.Platform` running a plugin's kernels.
 
     The subclass sets ``kernel_plugin`` and ``kernel_package_dir`` and implements
-    :meth:`kernel_variant`; its ``capabilities_for`` lists :data:`OP_NAMES` (the kernels
-    it runs on that CPU, built at install). The first call for a part loads the module
-    for the live CPU; if that fails the platform returns core's reference parts and its
-    ``capabilities.kernels`` becomes empty, so what is listed is what runs.
+    :meth:`kernel_variant`; its ``capabilities_for`` lists :meth:`installed_kernels`
+    (:data:`OP_NAMES` and the quantized ops where the install built the modules, none
+    where it built none: ``GLOWLM_BUILD_KERNELS=0``, or a wheel made on another
+    machine). The first call for a part loads the module for the live CPU (a run-time
+    build where none was installed and a compiler is present); if that fails the
+    platform returns core's reference parts and its ``capabilities.kernels`` becomes
+    empty, so what is listed is what runs.
     """
 
     kernel_plugin: str = ""
     kernel_package_dir: Path = Path()
+    #: What ``capabilities.kernels`` lists when a module runs (the subclass's own list).
+    kernel_names: tuple[str, ...] = OP_NAMES
 
     @classmethod
     def kernel_variant(cls, cpu: Any) -> str | None:
         raise NotImplementedError
+
+    @classmethod
+    def built_variants(cls) -> tuple[str, ...]:
+        """The ISA variants ``pip install`` compiled into the package (their modules exist;
+        whether each still matches the sources is :func:`glowlm_kernels.build.prebuilt`'s
+        question, asked when one loads)."""
+        out = []
+        for isa in build.INSTALL_ISAS.get(cls.kernel_plugin, ()):
+            stem = build.VARIANTS[cls.kernel_plugin][isa].stem
+            if any(cls.kernel_package_dir.glob(f"{stem}.*so")) or \
+                    (cls.kernel_package_dir / f"{stem}.so").exists():
+                out.append(isa)
+        return tuple(out)
+
+    @classmethod
+    def installed_kernels(cls) -> tuple[str, ...]:
+        """``kernel_names`` where the install built modules, else ``()`` (``glowlm
+        platforms`` then says "kernels not built" instead of naming kernels that are not
+        there)."""
+        return cls.kernel_names if cls.built_variants() else ()
 
     def compiled(self) -> PluginKernels | None:
         import dataclasses
@@ -194,11 +284,13 @@ class CompiledKernelsPlatform:
                 self.kernel_plugin, self.kernel_package_dir, self.kernel_variant,
                 init_logger(f"glowlm.{self.kernel_plugin}.kernels"))
         kernels = self._plugin_kernels
+        caps = self.capabilities  # type: ignore[attr-defined]
         if kernels.library() is None:
-            caps = self.capabilities  # type: ignore[attr-defined]
             if caps.kernels:
                 self.capabilities = dataclasses.replace(caps, kernels=())
             return None
+        if not caps.kernels:  # none installed, built at run time: they run now
+            self.capabilities = dataclasses.replace(caps, kernels=self.kernel_names)
         return kernels
 
     def kernel_note(self) -> str:
@@ -206,7 +298,7 @@ class CompiledKernelsPlatform:
 
         Never loads the module itself (``glowlm platforms`` shows notes and must not
         compile): before an engine asked for parts it names the variant the live CPU
-        would load.
+        would load, or says the install built none.
         """
         pk = getattr(self, "_plugin_kernels", None)
         if pk is None or not pk._tried:
@@ -217,6 +309,13 @@ class CompiledKernelsPlatform:
                 return (f"glowlm-{self.kernel_plugin}: compiled kernels for this CPU family; "
                         "this process's CPU is not one, so an engine here runs core's "
                         "reference ops")
+            if isa not in self.built_variants():
+                return (f"glowlm-{self.kernel_plugin}: kernels not built (the install "
+                        f"compiled no {isa} module: GLOWLM_BUILD_KERNELS=0, or no torch or "
+                        "compiler at install); an engine compiles them at run time where "
+                        "a C++ compiler and ninja are present, else runs core's reference "
+                        f"ops (reinstall: pip install --no-build-isolation "
+                        f"glowlm-{self.kernel_plugin})")
             return f"glowlm-{self.kernel_plugin}: compiled kernels {isa}"
         kernels = self.compiled()
         if kernels is None:

@@ -183,6 +183,26 @@ def _linear_cases(c: Cases, gen: torch.Generator) -> None:
                           LINEAR_TOL[dt], {"m": m, "n": n, "k": k}, None, arrays)
 
 
+def _lora_cases(c: Cases, gen: torch.Generator) -> None:
+    """LoRA updates on their rows (core's reference.lora_shrink_expand): three slots, one
+    unused, rows without an adapter (-1); gemv_max_m 4 runs one slot's 2 rows on the GEMV
+    and the other's 5 on the blocked GEMM."""
+    n, d_in, d_out, k, slots_n = 8, 40, 36, 6, 3
+    slots = torch.tensor([0, 2, -1, 0, 2, 2, 2, 2])
+    groups = [(s, (slots == s).nonzero().flatten()) for s in range(slots_n)
+              if bool((slots == s).any())]
+    for dt in DTYPES:
+        x = _randn(n, d_in, dtype=dt, gen=gen)
+        y = _randn(n, d_out, dtype=dt, gen=gen)
+        a = (_randn(slots_n, k, d_in, dtype=torch.float32, gen=gen) / d_in ** 0.5).to(dt)
+        b = (_randn(slots_n, d_out, k, dtype=torch.float32, gen=gen) / k ** 0.5).to(dt)
+        want = reference.lora_shrink_expand(y, x, a, b, groups)
+        c.add(f"lora_shrink_expand-{DTYPES[dt]}", "lora_shrink_expand", dt, dt, LINEAR_TOL[dt],
+              {"n": n, "in": d_in, "out": d_out, "k": k, "slots_n": slots_n,
+               "gemv_max_m": 4}, None,
+              {"x": x, "y": y, "a": a, "b": b, "slots": slots, "want": want})
+
+
 def _bf16_gemv_cases(c: Cases, gen: torch.Generator) -> None:
     """bf16 x bf16 GEMV (the engine's bf16 decode), which runs the pairwise bf16 dot
     product where the variant has it (BFDOT on aarch64-neon-bf16, vdpbf16ps on
@@ -349,7 +369,7 @@ def _attention_cases(c: Cases, gen: torch.Generator) -> None:
 def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     gen = torch.Generator().manual_seed(0)
     c = Cases()
-    for make in (_norm_cases, _activation_cases, _rotary_cases, _linear_cases,
+    for make in (_norm_cases, _activation_cases, _rotary_cases, _linear_cases, _lora_cases,
                  _bf16_gemv_cases, _attention_cases, _quant_cases):
         make(c, gen)
     path = tmp_path_factory.mktemp("cross") / "cases.txt"

@@ -56,6 +56,19 @@ def image(docker: harness.Docker, tmp_path_factory: pytest.TempPathFactory) -> s
     return harness.IMAGE
 
 
+@pytest.fixture(scope="session")
+def zen_image(docker: harness.Docker, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The zen target (the cpu image's venv plus glowlm-zen[zentorch]), built now."""
+    log = tmp_path_factory.mktemp("build") / "build-zen.log"
+    try:
+        took = harness.build(docker, "zen", harness.ZEN_IMAGE, log)
+    except harness.Unavailable as exc:
+        pytest.skip(f"Docker tests skipped: {exc}")
+    cached = sum(1 for line in log.read_text().splitlines() if line.endswith(" CACHED"))
+    harness.FIGURES["docker build --target zen"] = f"{took:.0f} s ({cached} steps cached)"
+    return harness.ZEN_IMAGE
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if harness.FIGURES:
         terminalreporter.section("docker figures")

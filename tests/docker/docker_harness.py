@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 WHEELS = REPO / "docker" / "wheels"
 IMAGE = os.environ.get("GLOWLM_TEST_IMAGE", "glowlm:cpu")
+ZEN_IMAGE = os.environ.get("GLOWLM_TEST_ZEN_IMAGE", "glowlm:zen")
 OFFICIAL_BASE = "python:3.11-slim-bookworm"
 LOCAL_BASE = "glowlm-base:bookworm"
 TORCH_WHEEL = re.compile(r"torch-2\.13\.0\+cpu-cp(\d+)-cp\d+-(?:manylinux|linux)\S*_x86_64\.whl")
@@ -247,10 +248,11 @@ class Container:
 
 
 def run_server(docker: Docker, name: str, run_args: list[str], serve_args: list[str],
-               timeout: float = 900) -> Container:
-    """``docker run -d`` the image's ``glowlm serve`` on a published port; wait for /health."""
+               timeout: float = 900, image: str | None = None) -> Container:
+    """``docker run -d`` the image's (default: the cpu one's) ``glowlm serve`` on a
+    published port; wait for /health."""
     docker("rm", "-f", name, check=False)
-    docker("run", "-d", "--name", name, "-p", "127.0.0.1::8000", *run_args, IMAGE,
+    docker("run", "-d", "--name", name, "-p", "127.0.0.1::8000", *run_args, image or IMAGE,
            "serve", "--host", "0.0.0.0", *serve_args)
     c = Container(docker, name)
     port = docker("port", name, "8000/tcp").stdout.split()[0].rsplit(":", 1)[1]

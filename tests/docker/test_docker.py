@@ -150,7 +150,7 @@ def test_startup_lines_show_compiled_kernels_and_the_memory_plan(
     assert maps and all(m.startswith("/opt/glowlm/venv/lib/") and f"/glowlm_x86/{module}."
                         in m for m in maps), maps
     plan = next(line for line in log.splitlines() if "memory per rank: weights" in line)
-    assert "KV cache 2.00 GiB (GLOWLM_CPU_KVCACHE_SPACE)" in plan, plan
+    assert "KV cache 2.00 GiB (GLOWLM_CPU_KVCACHE_SPACE:" in plan, plan
     assert "(cgroup" in plan, f"the 4 GiB --memory limit is what the plan compares: {plan}"
 
 

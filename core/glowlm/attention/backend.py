@@ -19,6 +19,35 @@ from dataclasses import dataclass, field
 
 import torch
 
+#: ``--kv-cache-dtype`` names (vLLM's) -> the cache's storage dtype; ``auto`` is the
+#: model's dtype. ``fp8`` is E4M3 (vLLM's default fp8), with no scale: K and V are stored
+#: as they are, saturated at ±448 (E4M3's largest finite value; activations this large
+#: do not occur in the models glowlm runs, and saturating keeps an outlier finite
+#: instead of NaN). E5M2 keeps fp16's range with 2 mantissa bits.
+KV_CACHE_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
+    "float32": torch.float32, "float": torch.float32,
+    "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+#: The 8-bit float cache dtypes and the largest finite value each stores.
+FP8_MAX: dict[torch.dtype, float] = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The storage dtype of ``--kv-cache-dtype name`` for a model running in
+    ``model_dtype`` (the config validated the name)."""
+    return model_dtype if name == "auto" else KV_CACHE_DTYPES[name]
+
+
+def to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` in the cache's dtype: 8-bit floats saturate at their largest finite value
+    (torch's E5M2 cast would give inf), rounding to nearest even as torch casts."""
+    limit = FP8_MAX.get(dtype)
+    if limit is not None:
+        x = x.clamp(-limit, limit)
+    return x.to(dtype)
+
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_size: int,
                        dtype: torch.dtype) -> int:
@@ -64,8 +93,11 @@ class AttentionLayerSpec:
     ``sliding_window``: when set, a query at position ``q`` sees only the keys at
     positions ``p`` with ``q - sliding_window < p <= q`` (the window counts the
     query's own token; transformers' ``sliding_window_overlay``), as Gemma 3's
-    local layers do. A backend that cannot honour the window for a step must hand
-    that layer to one that can (the reference backend does), never ignore it.
+    local layers do. ``logits_soft_cap``: when set, the scaled scores ``s`` become
+    ``cap * tanh(s / cap)`` before the mask and the softmax (Gemma 2's
+    ``attn_logit_softcapping``). A backend that cannot honour the window or the cap for
+    a step must hand that layer to one that can (the reference backend does), never
+    ignore it.
     """
 
     num_heads: int
@@ -73,6 +105,7 @@ class AttentionLayerSpec:
     head_size: int
     scale: float
     sliding_window: int | None = None
+    logits_soft_cap: float | None = None
 
 
 class AttentionBackend(ABC):

@@ -7,7 +7,8 @@ which accumulates in float32 on CPU.
 
 Layers with a sliding window (``AttentionLayerSpec.sliding_window``) gather only
 the blocks that hold a key some query of the step can still see, and mask the
-rest of the first of those blocks.
+rest of the first of those blocks. Layers with soft-capped scores
+(``logits_soft_cap``, Gemma 2) attend written out in float32.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from glowlm.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
+from glowlm.attention.backend import (
+    AttentionBackend,
+    AttentionLayerSpec,
+    AttentionMetadata,
+    to_cache,
+)
 
 
 def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -23,8 +29,8 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """Scatter new K/V rows into ``[2, blocks, kv_heads, block, head]`` at their slots."""
     blocks = torch.div(slot_mapping, block_size, rounding_mode="floor")
     offsets = slot_mapping - blocks * block_size
-    kv_cache[0, blocks, :, offsets] = key.to(kv_cache.dtype)
-    kv_cache[1, blocks, :, offsets] = value.to(kv_cache.dtype)
+    kv_cache[0, blocks, :, offsets] = to_cache(key, kv_cache.dtype)
+    kv_cache[1, blocks, :, offsets] = to_cache(value, kv_cache.dtype)
 
 
 def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int,
@@ -61,9 +67,28 @@ def _attend(layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torc
             mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
     """Softmax attention of ``q`` ``[seqs, heads, queries, head]`` over ``k``/``v``
     ``[seqs, kv_heads, keys, head]``; ``mask`` is True where a key is visible."""
+    if layer.logits_soft_cap is not None:
+        return _attend_capped(layer, q, k, v, mask, causal)
     return F.scaled_dot_product_attention(
         q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, is_causal=causal, scale=layer.scale,
         enable_gqa=layer.num_heads != layer.num_kv_heads)
+
+
+def _attend_capped(layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """:func:`_attend` with the scores soft-capped (``scaled_dot_product_attention``
+    has no cap): scores, cap and softmax in float32, as transformers' eager Gemma 2."""
+    group = layer.num_heads // layer.num_kv_heads
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    cap = float(layer.logits_soft_cap)  # type: ignore[arg-type]
+    scores = torch.tanh(q.float() @ kf.transpose(-1, -2) * (layer.scale / cap)) * cap
+    if causal:
+        queries, keys = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ vf).to(q.dtype)
 
 
 class ReferenceAttentionBackend(AttentionBackend):

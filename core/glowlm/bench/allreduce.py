@@ -49,14 +49,15 @@ def _rank(path: str, world: int, rank: int, numel: int, iters: int, impl: str,
     import torch
 
     from glowlm.distributed.shm import SPIN_SECONDS, ShmGroup
+    from glowlm.runtime.topology import has_affinity, usable_cpu_count
 
     torch.set_num_threads(1)
-    cpus = sorted(os.sched_getaffinity(0))
     # Spin before sleeping only when every rank has a CPU of its own (as an engine's
-    # ranks bound one per CPU list do); decided before pinning this rank to one CPU.
-    spread = len(cpus) >= world
-    if spread:
-        os.sched_setaffinity(0, {cpus[rank]})
+    # ranks bound one per CPU list do); decided before pinning this rank to one CPU
+    # (where the OS can: macOS has no affinity API, its scheduler places the ranks).
+    spread = usable_cpu_count() >= world
+    if spread and has_affinity():
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     group = ShmGroup(path, world, rank, spin_seconds=SPIN_SECONDS if spread else 0.0)
     if impl == "compiled":
         group.use_compiled_all_reduce(_compiled_op())  # type: ignore[arg-type]

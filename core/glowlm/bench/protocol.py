@@ -5,6 +5,10 @@ from ``[3, vocab)``, exactly ``output_len`` greedy tokens; time to first token
 and decode speed over the tokens after the first; one warm-up, median of 3.
 P2: ``num_prompts`` prompts (seed 1, request i takes the i-th draw) submitted at
 once, exactly ``output_len`` tokens each.
+
+With a prompt of the user's (``prompt=``, speculative decoding's text prompts), P1 runs
+greedy until EOS or ``output_len`` and counts the tokens it got; every run reports its
+tokens, so a speculative run can be checked token for token against the plain one.
 """
 
 from __future__ import annotations
@@ -39,41 +43,54 @@ def _forced(output_len: int) -> SamplingParams:
                           ignore_eos=True)
 
 
-def _one_latency_run(engine: LLMEngine, prompt: list[int], output_len: int, tag: str
-                     ) -> dict[str, float]:
-    engine.add_request(tag, {"prompt_token_ids": prompt}, _forced(output_len))
+def _one_latency_run(engine: LLMEngine, prompt: list[int], output_len: int, tag: str,
+                     exact: bool = True) -> dict[str, float]:
+    params = _forced(output_len) if exact else SamplingParams(temperature=0,
+                                                              max_tokens=output_len)
+    engine.add_request(tag, {"prompt_token_ids": prompt}, params)
     start = time.perf_counter()
     first = None
     decode_forward = decode_total = 0.0
+    decode_steps = 0
+    tokens: list[int] = []
     while engine.has_unfinished_requests():
         s0 = engine.stats.forward_seconds
         t0 = time.perf_counter()
-        engine.step()
+        outs = engine.step()
+        if outs:
+            tokens = outs[0].outputs[0].token_ids
         if first is None:
             first = time.perf_counter()
         else:
+            decode_steps += 1
             decode_total += time.perf_counter() - t0
             decode_forward += engine.stats.forward_seconds - s0
     end = time.perf_counter()
     assert first is not None
+    n = len(tokens)
     return {"ttft_ms": (first - start) * 1e3,
-            "decode_tokens_per_s": (output_len - 1) / (end - first) if output_len > 1 else 0.0,
-            "overhead_fraction": 1 - decode_forward / decode_total if decode_total else 0.0}
+            "decode_tokens_per_s": (n - 1) / (end - first) if n > 1 else 0.0,
+            "overhead_fraction": 1 - decode_forward / decode_total if decode_total else 0.0,
+            "output_tokens": n, "decode_steps": decode_steps,
+            "token_ids": list(tokens)}  # type: ignore[dict-item]
 
 
 def measure_latency(engine: LLMEngine, input_len: int, output_len: int, batch_size: int = 1,
                     iters: int = 3, warmup: int = 1,
-                    between: Callable[[], object] | None = None) -> LatencyResult:
+                    between: Callable[[], object] | None = None,
+                    prompt: list[int] | None = None) -> LatencyResult:
     """P1. ``between`` runs before every measured run and after the last one (the
     roofline samples the read bandwidth there, so each run is held against the
-    bandwidth of its own minute)."""
-    prompts = random_prompts(batch_size, input_len, engine.vocab_size, seed=0)
+    bandwidth of its own minute). ``prompt``: the user's (one stream, until EOS)."""
+    prompts = ([prompt] if prompt is not None
+               else random_prompts(batch_size, input_len, engine.vocab_size, seed=0))
     runs = []
     for i in range(warmup + iters):
         if between is not None and i >= warmup:
             between()
-        if batch_size == 1:
-            run = _one_latency_run(engine, prompts[0], output_len, f"p1-{i}")
+        if batch_size == 1 or prompt is not None:
+            run = _one_latency_run(engine, prompts[0], output_len, f"p1-{i}",
+                                   exact=prompt is None)
         else:
             run = _batched_latency_run(engine, prompts, output_len, f"p1-{i}")
         if i >= warmup:
@@ -93,20 +110,30 @@ def _batched_latency_run(engine: LLMEngine, prompts: list[list[int]], output_len
     start = time.perf_counter()
     first = None
     f_total = t_total = 0.0
+    decode_steps = 0
+    tokens_of: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
         s0, t0 = engine.stats.forward_seconds, time.perf_counter()
         outs = engine.step()
+        for o in outs:
+            tokens_of[o.request_id] = o.outputs[0].token_ids
         if first is None and outs and all(o.outputs[0].token_ids for o in outs):
             first = time.perf_counter()
         elif first is not None:
+            decode_steps += 1
             t_total += time.perf_counter() - t0
             f_total += engine.stats.forward_seconds - s0
     end = time.perf_counter()
     first = first or end
     tokens = (output_len - 1) * len(prompts)
+    # Per sequence (speculative.compare: tokens per decode step), and every request's
+    # tokens in prompt order (its identity check against the plain run).
     return {"ttft_ms": (first - start) * 1e3,
             "decode_tokens_per_s": tokens / (end - first) if end > first else 0.0,
-            "overhead_fraction": 1 - f_total / t_total if t_total else 0.0}
+            "overhead_fraction": 1 - f_total / t_total if t_total else 0.0,
+            "output_tokens": output_len, "decode_steps": decode_steps,
+            "token_ids": [t for j in range(len(prompts))  # type: ignore[dict-item]
+                          for t in tokens_of.get(f"{tag}-{j}", [])]}
 
 
 @dataclass

@@ -14,18 +14,21 @@ one stamp per rank after it), then two buffers of one slot per rank. Op number
 ``seq % 2`` it waits until every rank has published stamp ``seq - 1``: a rank
 publishes ``seq - 1`` only after it has finished reading op ``seq - 2``, the
 last op that used that buffer. So two buffers suffice and nobody waits for a
-reader except one op behind. On x86 stores are seen in program order (TSO), so
-the data written before a stamp is visible once the stamp is; other ISAs would
-need a fence here.
+reader except one op behind. On x86 and s390x stores are seen in program order,
+so the data written before a stamp is visible once the stamp is; on weakly ordered
+CPUs (aarch64, ppc64le) every publish calls a compiled full fence before its stamp
+and every completed wait one before its reads (:mod:`glowlm.distributed.fence`).
 
 Waiting spins (a numpy load per iteration) for up to :data:`SPIN_SECONDS` (none
-when the host has fewer CPUs than ranks: a spinner would hold the CPU its peer
-needs, and ``sched_yield`` on a busy machine gives away a whole time slice), then
-sleeps in ``futex(FUTEX_WAIT)`` on the awaited rank's 32-bit wake word, which
+when the process may use fewer CPUs than there are ranks: its affinity mask on
+Linux, ``os.cpu_count()`` on macOS, which has no affinity API; a spinner would hold
+the CPU its peer needs, and ``sched_yield`` on a busy machine gives away a whole time
+slice), then sleeps in ``futex(FUTEX_WAIT)`` on the awaited rank's 32-bit wake word, which
 every publish bumps before ``FUTEX_WAKE`` (one syscall, ~1 us). Balanced TP
 ranks meet within the spin; an idle server's ranks sleep in the kernel and cost
 nothing. Sleeps time out every 100 ms to look at the ``abort`` flag, which the
-driver sets when any rank dies: every wait then raises :class:`RankFailure`.
+driver sets when any rank dies: every wait then raises :class:`RankFailure`. Where
+the kernel has no futex (macOS), a wait past the spin sleeps 100 us at a time.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from glowlm.distributed.fence import Fence, FenceUnavailable, host_fence
 from glowlm.errors import GlowlmError
+from glowlm.runtime.topology import usable_cpu_count
 
 #: Bytes per rank per buffer; larger tensors go through in chunks of this size.
 SLOT_BYTES = 4 << 20
@@ -51,8 +56,9 @@ _WORDS_OFFSET = 2048  # int32 futex words, one per rank
 _CHECK_EVERY = 64
 SPIN_SECONDS = 0.0002
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "s390x": 238, "ppc64le": 221}.get(
-    platform.machine())
+#: Linux's futex system call number on this CPU (None elsewhere: macOS has no futex).
+_SYS_FUTEX = ({"x86_64": 202, "aarch64": 98, "s390x": 238, "ppc64le": 221}.get(
+    platform.machine()) if platform.system() == "Linux" else None)
 
 
 class _Timespec(ctypes.Structure):
@@ -97,14 +103,23 @@ class ShmGroup:
     """The collectives of ``world`` ranks that mapped the same segment; this is ``rank``.
 
     Every rank of the group must issue the same ops in the same order (as with
-    any collective library); the op counter is per process.
+    any collective library); the op counter is per process. ``fence``: the memory
+    fence around stamps (default: the one this CPU needs, none on x86 and s390x;
+    tests pass one to run the weakly ordered path on any CPU).
     """
 
     def __init__(self, path: str, world: int, rank: int, slot_bytes: int = SLOT_BYTES,
-                 name: str = "group", spin_seconds: float | None = None) -> None:
+                 name: str = "group", spin_seconds: float | None = None,
+                 fence: Fence | None | str = "host") -> None:
         self.path, self.world, self.rank, self.name = path, world, rank, name
+        if fence == "host":
+            try:
+                fence = host_fence()
+            except FenceUnavailable as exc:
+                raise GlowlmError(str(exc)) from None
+        self._fence: Fence | None = fence  # type: ignore[assignment]
         if spin_seconds is None:
-            spin_seconds = SPIN_SECONDS if len(os.sched_getaffinity(0)) >= world else 0.0
+            spin_seconds = SPIN_SECONDS if usable_cpu_count() >= world else 0.0
         self.spin_seconds = spin_seconds
         self.slot_bytes = slot_bytes
         fd = os.open(path, os.O_RDWR)
@@ -170,6 +185,8 @@ class ShmGroup:
         while pending:
             pending = [i for i in pending if control[i] < seq]
             if not pending:
+                if self._fence is not None:  # no slot read may pass the stamps just seen
+                    self._fence()
                 return
             if control[0]:
                 raise RankFailure(self.dead_reason)
@@ -201,6 +218,8 @@ class ShmGroup:
         return seq, self._slots[seq % 2]
 
     def _publish(self, seq: int) -> None:
+        if self._fence is not None:  # the slot (and the reads before) ahead of the stamp
+            self._fence()
         self._control[self.rank + 1] = seq
         self._words[self.rank] = seq & 0x7FFFFFFF  # after the stamp: a sleeper's compare fails
         if _SYS_FUTEX is not None:

@@ -7,6 +7,13 @@ with prefix caching on, a new sequence reuses blocks whose hashes match, and a
 block freed by its last user stays findable until it is evicted, least recently
 freed first. The deepest blocks of a freed sequence are evicted before its
 shallow ones, because shallow ones are shared by more prompts.
+
+A model whose every layer attends within a sliding window (Mistral, Phi-3-mini-4k,
+Starcoder2, Qwen2 with ``use_sliding_window``) never reads a key that fell out of the
+window again, so :meth:`BlockManager.slide` gives such blocks back as the sequence
+grows: a sequence far longer than the window holds only the window's blocks (plus the
+step's chunk). Their entries in the block table become :data:`NO_BLOCK`; the attention
+backends start reading at the window's first block, so they never look them up.
 """
 
 from __future__ import annotations
@@ -17,6 +24,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from glowlm.engine.sequence import Sequence
+
+#: A block-table entry given back by :meth:`BlockManager.slide` (the model runner passes
+#: block 0 in its place; no kernel reads a block before the window).
+NO_BLOCK = -1
 
 
 def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
@@ -38,10 +49,17 @@ class PrefixCacheStats:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 window: int | None = None) -> None:
+        """``window``: the model's attention window when every layer has one (the
+        smallest), so blocks behind it can be given back (:meth:`slide`); None keeps
+        every block of a sequence (a full-attention layer may read any key)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.window = window
+        #: blocks given back by :meth:`slide` (all sequences, since start)
+        self.num_slid_blocks = 0
         self.ref_counts = [0] * num_blocks
         self.hash_of: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}
@@ -88,7 +106,7 @@ class BlockManager:
         full = len(tokens) // self.block_size
         while len(seq.block_hashes) < full:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[i - 1] if i else None
+            parent = seq.block_hashes[i - 1] if i else seq.request.cache_salt
             seq.block_hashes.append(
                 block_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size]))
         return seq.block_hashes
@@ -123,6 +141,48 @@ class BlockManager:
         for _ in range(self.blocks_needed(seq, num_tokens)):
             seq.block_table.append(self._take_free())
 
+    def slide(self, seq: Sequence) -> int:
+        """Give back ``seq``'s blocks that no later query can see; returns how many.
+
+        The next query is at position ``num_computed_tokens`` and sees keys ``p`` with
+        ``q - window < p``; later queries see less. So every block whose last position is
+        at most ``q - window`` is dead for all layers. A cached block stays findable in
+        the free list (a later prompt with this prefix still hits it until eviction)."""
+        if self.window is None:
+            return 0
+        dead = max(0, seq.num_computed_tokens - self.window + 1) // self.block_size
+        dead = min(dead, len(seq.block_table))
+        freed = 0
+        for i in range(seq.num_dropped_blocks, dead):
+            block = seq.block_table[i]
+            if block == NO_BLOCK:
+                continue
+            seq.block_table[i] = NO_BLOCK
+            self._unref(block)
+            freed += 1
+        seq.num_dropped_blocks = max(seq.num_dropped_blocks, dead)
+        self.num_slid_blocks += freed
+        return freed
+
+    def _unref(self, block: int) -> None:
+        """Drop one reference; a block nobody holds becomes free (uncached ones first)."""
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free[block] = None
+            if self.hash_of[block] is None:
+                self.free.move_to_end(block, last=False)  # uncached: reuse first
+
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past ``seq``'s tokens: those a verification step grew for
+        drafts the target rejected. Nothing is copied; their slots are simply rewritten
+        by later steps. Such a block is private and holds no computed full block, so it
+        goes back uncached, to be reused first."""
+        keep = -(-seq.num_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            block = seq.block_table.pop()
+            if block != NO_BLOCK:
+                self._unref(block)
+
     def copy_on_write(self, seq: Sequence, position: int) -> tuple[int, int] | None:
         """Before writing ``position``, unshare its block; returns ``(src, dst)`` to copy."""
         index = position // self.block_size
@@ -141,21 +201,19 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.block_hashes = list(parent.block_hashes)
         child.num_registered_blocks = parent.num_registered_blocks
+        child.num_dropped_blocks = parent.num_dropped_blocks
         for block in child.block_table:
-            self.ref_counts[block] += 1
+            if block != NO_BLOCK:
+                self.ref_counts[block] += 1
 
     def free_seq(self, seq: Sequence) -> None:
         """Drop ``seq``'s references; unreferenced blocks become free (deepest first)."""
         for block in reversed(seq.block_table):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                if self.hash_of[block] is None:
-                    self.free[block] = None
-                    self.free.move_to_end(block, last=False)  # uncached: reuse first
-                else:
-                    self.free[block] = None
+            if block != NO_BLOCK:
+                self._unref(block)
         seq.block_table = []
         seq.num_registered_blocks = 0  # content hashes stay valid; keep block_hashes
+        seq.num_dropped_blocks = 0
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register hashes of ``seq``'s blocks that are now full and computed."""
@@ -168,7 +226,7 @@ class BlockManager:
         for i in range(seq.num_registered_blocks, full):
             block = seq.block_table[i]
             h = seq.block_hashes[i]
-            if self.hash_of[block] is None and h not in self.cached:
+            if block != NO_BLOCK and self.hash_of[block] is None and h not in self.cached:
                 self.hash_of[block] = h
                 self.cached[h] = block
         seq.num_registered_blocks = max(seq.num_registered_blocks, full)

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glowlm.config import EngineConfig
 from glowlm.distributed.shm import RankFailure
@@ -21,13 +21,18 @@ from glowlm.engine.detokenizer import IncrementalDetokenizer
 from glowlm.engine.model_runner import ModelRunner, StepResult
 from glowlm.engine.outputs import CompletionOutput, RequestOutput
 from glowlm.engine.ranks import Ranks, StartRanks
-from glowlm.engine.scheduler import Scheduler
+from glowlm.engine.scheduler import Scheduler, SchedulerOutput
 from glowlm.engine.sequence import Request, Sequence
 from glowlm.engine.setup import EngineSetup, build_engine_parts
+from glowlm.engine.spec_decode.speculator import Speculator
 from glowlm.errors import ConfigError, RequestError
 from glowlm.logger import init_logger
 from glowlm.sampling.params import SamplingParams
 from glowlm.sampling.processors import prepare_params, truncate_prompt
+
+if TYPE_CHECKING:
+    from glowlm.lora.manager import LoRAManager
+    from glowlm.lora.request import LoRARequest
 
 logger = init_logger(__name__)
 
@@ -86,14 +91,36 @@ class LLMEngine:
         self.eos_token_ids = frozenset(setup.info.eos_token_ids)
         self.vocab_size = setup.vocab_size
         self.block_manager = BlockManager(setup.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching)
+                                          self.config.enable_prefix_caching,
+                                          window=setup.kv_window)
+        spec = self.config.speculative_config
+        #: Speculative decoding (engine/spec_decode), when --speculative-config asks.
+        self.speculator: Speculator | None = None
+        if spec is not None:
+            proposer, draft_len = None, None
+            if setup.draft is not None:  # draft_model: its proposer runs the loaded draft
+                from glowlm.engine.spec_decode.draft_model import DraftModelProposer
+
+                proposer = DraftModelProposer(setup.draft, self.config.max_num_batched_tokens)
+                draft_len = setup.draft.max_model_len
+            self.speculator = Speculator(spec, self.max_model_len, proposer, draft_len)
+        #: --enable-lora: the adapters, their slots, which the batch pins (glowlm.lora).
+        self.lora: LoRAManager | None = None
+        if setup.parts.lora is not None:
+            from glowlm.lora.manager import LoRAManager
+
+            self.lora = LoRAManager(setup.model, self.config.max_loras,
+                                    self.config.max_lora_rank,
+                                    partial=self.config.pipeline_parallel_size > 1)
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_batched_tokens,
-                                   self.config.max_num_seqs)
+                                   self.config.max_num_seqs, speculator=self.speculator,
+                                   admit=self._lora_admit if self.lora is not None else None)
         self.runner = ModelRunner(setup.model, setup.parts.attention_backend, setup.num_blocks,
-                                  self.config.block_size, setup.parts.dtype,
+                                  self.config.block_size, setup.kv_dtype or setup.parts.dtype,
                                   parallel=setup.parts.parallel,
                                   comms=self.executor.comms if self.executor else None,
-                                  executor=self.executor)
+                                  executor=self.executor, lora_state=setup.parts.lora)
+        self.runner.lora = self.lora
         if self.executor is not None:
             self.executor.started_loop()
         self.requests: dict[str, Request] = {}
@@ -124,39 +151,84 @@ class LLMEngine:
                 f"the context length is {self.max_model_len} ({room} tokens left)")
         return params.max_tokens
 
+    # -- adapters -----------------------------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Register an adapter (read and checked now); False if it was known already.
+        Raises LoRAError if it cannot be served, ConfigError without --enable-lora."""
+        return self._lora_manager().register(lora_request)
+
+    def remove_lora(self, name: str) -> None:
+        """Unregister ``name``: new requests cannot name it; running ones finish on it."""
+        self._lora_manager().unregister(name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return self.lora.names() if self.lora is not None else []
+
+    def _lora_manager(self) -> LoRAManager:
+        if self.lora is None:
+            raise ConfigError("LoRA adapters need the engine started with --enable-lora "
+                              "(LLM(..., enable_lora=True))")
+        return self.lora
+
+    def _lora_admit(self, seq: Sequence, running: list[Sequence]) -> bool:
+        lora_id = seq.request.lora_id
+        if not lora_id:
+            return True
+        assert self.lora is not None
+        return self.lora.admit(lora_id, {s.request.lora_id for s in running} - {0})
+
+    def _released(self, request: Request) -> None:
+        """A request left the engine (finished or aborted)."""
+        if self.lora is not None and request.lora_id:
+            self.lora.finished(request.lora_id)
+
+    # -- requests (continued) -------------------------------------------------------------
+
     def add_request(self, request_id: str, prompt: str | list[int] | dict[str, Any],
-                    params: SamplingParams | None = None) -> Request:
-        """Validate and queue a request; raises RequestError before queueing anything."""
+                    params: SamplingParams | None = None,
+                    lora_request: LoRARequest | None = None) -> Request:
+        """Validate and queue a request; raises RequestError before queueing anything.
+        ``lora_request``: run it on that adapter (registered on first use)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use")
-        text: str | None = None
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                token_ids = list(prompt["prompt_token_ids"])
-                text = prompt.get("prompt")
-            elif "prompt" in prompt:
-                text = prompt["prompt"]
-                token_ids = self.tokenize(text)
-            else:
-                raise RequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        elif isinstance(prompt, str):
-            text, token_ids = prompt, self.tokenize(prompt)
-        else:
-            token_ids = list(prompt)
+        if lora_request is not None:
+            if self.lora is None:
+                raise RequestError(f"request names LoRA adapter {lora_request.lora_name!r} "
+                                   "but the engine was started without --enable-lora")
+            self.lora.register(lora_request)
+        text, token_ids = self.prompt_ids(prompt)
         token_ids = truncate_prompt(token_ids, params, self.max_model_len)
         max_tokens = self.validate_prompt(token_ids, params)
         # bad_words tokenized, token ids checked, grammar attached (sampling.processors):
         prepare_params(params, self.tokenizer, self.vocab_size, self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(request_id, text, token_ids, params, max_tokens,
-                          frozenset() if params.ignore_eos else self.eos_token_ids, seed)
+                          frozenset() if params.ignore_eos else self.eos_token_ids, seed,
+                          lora_request=lora_request)
         seq = Sequence(self.scheduler.new_seq_id(), request, 0, list(token_ids), len(token_ids),
                        logprobs=[] if params.logprobs is not None else None)
         request.seqs.append(seq)
         self.requests[request_id] = request
+        if self.lora is not None and request.lora_id:
+            self.lora.started(request.lora_id)
         self.scheduler.add(seq)
         return request
+
+    def prompt_ids(self, prompt: str | list[int] | dict[str, Any]
+                   ) -> tuple[str | None, list[int]]:
+        """``(text, token ids)`` of a prompt as :meth:`add_request` takes it: text, token
+        ids, or a dict of either (``prompt_token_ids`` wins; ``prompt`` is kept as text)."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return prompt["prompt"], self.tokenize(prompt["prompt"])
+            raise RequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            return prompt, self.tokenize(prompt)
+        return None, list(prompt)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks (unknown ids are ignored)."""
@@ -164,10 +236,16 @@ class LLMEngine:
         if request is None:
             return
         request.aborted = True
+        self._released(request)
         for seq in request.seqs:
             if not seq.finished:
                 seq.finish_reason = "abort"
-                self.scheduler.finish(seq)
+                self._finish(seq)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if self.speculator is not None:
+            self.speculator.finished(seq)
 
     def shutdown(self) -> None:
         """Stop the other ranks' processes (TP/PP); idempotent, also run at exit."""
@@ -217,11 +295,30 @@ class LLMEngine:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 self.stats.prompt_tokens += min(item.num_new_tokens,
                                                 seq.num_prompt_tokens - seq.num_computed_tokens)
-            seq.num_computed_tokens += item.num_new_tokens
+            # A verification computed the accepted drafts; the rejected ones roll back.
+            rejected = len(item.draft_token_ids) - result.accepted.get(seq.seq_id, 0)
+            seq.num_computed_tokens += item.num_new_tokens - rejected
             self.block_manager.cache_computed_blocks(seq)
         touched = self._apply(result)
+        if self.speculator is not None:
+            self._speculated(out, result, time.perf_counter() - t0)
         self._record_step(result, time.perf_counter() - t0)
         return [self._output(r) for r in touched]
+
+    def _speculated(self, out: SchedulerOutput, result: StepResult, seconds: float) -> None:
+        """Hand the step's verifications and timing to the speculator; give back the KV
+        blocks that only rejected drafts used."""
+        assert self.speculator is not None
+        drafted = False
+        for item in out.scheduled:
+            if item.draft_token_ids:
+                drafted = True
+                self.speculator.observe(item.seq, len(item.draft_token_ids),
+                                        result.accepted.get(item.seq.seq_id, 0))
+                if not item.seq.finished:
+                    self.block_manager.trim(item.seq)
+        if all(item.draft_token_ids or item.num_new_tokens == 1 for item in out.scheduled):
+            self.speculator.observe_step(out.num_tokens, drafted, seconds)
 
     def _apply(self, result: StepResult) -> list[Request]:
         touched: dict[str, Request] = {}
@@ -250,11 +347,12 @@ class LLMEngine:
                 m.last_token_time = now
             self._check_stop(seq, token)
             if seq.finish_reason is not None:
-                self.scheduler.finish(seq)
+                self._finish(seq)
             touched[request.request_id] = request
         for request in touched.values():
             if request.finished:
                 self.requests.pop(request.request_id, None)
+                self._released(request)
                 self.stats.finished_requests += 1
                 if request.metrics is not None:
                     request.metrics.finished_time = now

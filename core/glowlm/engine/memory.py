@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from glowlm.attention.backend import kv_bytes_per_token as attention_kv_bytes
+from glowlm.attention.backend import resolve_kv_cache_dtype
 from glowlm.errors import MemoryPlanError
 
 GIB = 1 << 30
@@ -100,8 +101,10 @@ def weight_bytes(info: Any, dtype: torch.dtype) -> tuple[int, int, str]:
     if getattr(info, "gguf_file", None) is not None:
         from glowlm.model_loader import gguf
 
-        total, largest = gguf.weight_bytes(info.gguf_file, elem)
-        return total, largest, "GGUF header, dequantized"
+        native = getattr(info, "gguf_native", None) or {}
+        total, largest = gguf.weight_bytes(info.gguf_file, elem, native)
+        how = "native blocks at their width, the rest dequantized" if native else "dequantized"
+        return total, largest, f"GGUF header, {how}"
     path = Path(info.path)
     files = sorted(path.glob("*.safetensors"))
     if files:
@@ -186,17 +189,36 @@ class MemoryPlan:
     kv_auto: bool = False
     max_model_len_that_fits: int = 0
     weights_source: str = ""
+    kv_dtype: str = ""  #: the cache's storage dtype (--kv-cache-dtype)
+    #: --enable-lora: the adapter slots of every layer (--max-loras x --max-lora-rank).
+    lora_bytes: int = 0
+    lora_slots: str = ""
+    #: speculative draft_model: the draft's weights and its KV cache (a share of the KV
+    #: space in proportion to its bytes per token, so it holds the target's tokens).
+    draft_weights_bytes: int = 0
+    draft_kv_bytes: int = 0
 
     @property
     def needed_bytes(self) -> int:
         return (self.weights_bytes + self.kv_cache_bytes + self.activation_bytes
-                + self.headroom_bytes)
+                + self.headroom_bytes + self.lora_bytes + self.draft_bytes)
+
+    @property
+    def draft_bytes(self) -> int:
+        return self.draft_weights_bytes + self.draft_kv_bytes
 
     def describe(self) -> str:
         """One line for the start-up log."""
         kv = "auto" if self.kv_auto else "GLOWLM_CPU_KVCACHE_SPACE"
-        return (f"memory per rank: weights {fmt_bytes(self.weights_bytes)} + KV cache "
-                f"{fmt_bytes(self.kv_cache_bytes)} ({kv}) + activations "
+        tokens = self.kv_cache_bytes // max(1, self.kv_bytes_per_token)
+        stored = f", {self.kv_dtype}" if self.kv_dtype else ""
+        lora = (f" + LoRA slots {fmt_bytes(self.lora_bytes)} ({self.lora_slots})"
+                if self.lora_bytes else "")
+        draft = (f" + draft model {fmt_bytes(self.draft_weights_bytes)} weights, KV cache "
+                 f"{fmt_bytes(self.draft_kv_bytes)}" if self.draft_bytes else "")
+        return (f"memory per rank: weights {fmt_bytes(self.weights_bytes)}{lora} + KV cache "
+                f"{fmt_bytes(self.kv_cache_bytes)} ({kv}: {tokens} tokens{stored}){draft} + "
+                f"activations "
                 f"{fmt_bytes(self.activation_bytes)} + headroom "
                 f"{fmt_bytes(self.headroom_bytes)} = {fmt_bytes(self.needed_bytes)} of "
                 f"{fmt_bytes(self.available_bytes)} ({self.available_source})")
@@ -264,38 +286,66 @@ def _fits_message(plan: MemoryPlan, config: Any, dtype: torch.dtype, world: int,
     # with more NUMA nodes than ranks, more ranks are.
     smaller = ("--dtype bfloat16 (half the weight bytes) or a smaller model"
                if dtype == torch.float32 and not quantized else "a smaller model")
-    spare = plan.available_bytes - plan.weights_bytes - plan.activation_bytes \
-        - plan.headroom_bytes
+    spare = plan.available_bytes - plan.weights_bytes - plan.lora_bytes - plan.activation_bytes \
+        - plan.headroom_bytes - plan.draft_weights_bytes
+    # The draft's KV takes its share of every token: tokens are priced with it.
+    per_token = plan.kv_bytes_per_token * (1 + plan.draft_kv_bytes / max(1, plan.kv_cache_bytes))
     kv_src = ("auto" if plan.kv_auto
               else f"GLOWLM_CPU_KVCACHE_SPACE={config.kv_cache_space_gib:g}")
     where = f"rank {rank} of {world}" + (f" (NUMA node {node})" if node is not None else "")
     head = (f"the model does not fit in memory: {where} needs "
             f"{fmt_bytes(plan.needed_bytes)} (weights {fmt_bytes(plan.weights_bytes)} in "
-            f"{str(dtype).removeprefix('torch.')} + KV cache {fmt_bytes(plan.kv_cache_bytes)} "
-            f"({kv_src}) + activations {fmt_bytes(plan.activation_bytes)} + headroom "
+            f"{str(dtype).removeprefix('torch.')}"
+            + (f" + LoRA slots {fmt_bytes(plan.lora_bytes)} ({plan.lora_slots}: --max-loras x "
+               "--max-lora-rank)" if plan.lora_bytes else "")
+            + f" + KV cache {fmt_bytes(plan.kv_cache_bytes)} ({kv_src})"
+            + (f" + draft model {fmt_bytes(plan.draft_weights_bytes)} weights, KV cache "
+               f"{fmt_bytes(plan.draft_kv_bytes)} (its share of the KV space)"
+               if plan.draft_bytes else "")
+            + f" + activations {fmt_bytes(plan.activation_bytes)} + headroom "
             f"{fmt_bytes(plan.headroom_bytes)}) but has {fmt_bytes(plan.available_bytes)} "
             f"({plan.available_source}).")
-    if spare < plan.kv_bytes_per_token * config.block_size:
+    if spare < per_token * config.block_size:
         return (f"{head} Weights and activations alone leave no room for a KV cache: no "
                 f"--max-model-len fits. Change: use {smaller}, or a machine with more memory.")
-    tokens = spare // plan.kv_bytes_per_token // config.block_size * config.block_size
+    tokens = int(spare // per_token) // config.block_size * config.block_size
     capped = ", the model's own limit" if tokens >= model_limit else ""
     tokens = min(tokens, model_limit)
     return (f"{head} Change one of: GLOWLM_CPU_KVCACHE_SPACE to at most "
             f"{int(spare / GIB * 100) / 100:g} GiB (or 'auto'); {smaller}. With the KV cache cut "
             f"to fit, the largest --max-model-len is {tokens} tokens{capped} (KV cache "
-            f"{fmt_bytes(tokens * plan.kv_bytes_per_token)}).")
+            f"{fmt_bytes(int(tokens * per_token))}).")
+
+
+def lora_slot_bytes(dims: ModelDims, dtype: torch.dtype, max_loras: int, max_rank: int,
+                    tp: int = 1, layers: int | None = None) -> int:
+    """What :class:`glowlm.lora.slots.LoRASlots` allocates for the decoder layers of
+    ``dims`` (the Llama layout: q|k|v, o, gate|up, down), one rank's shards."""
+    r, h, i = max_rank, dims.hidden, dims.intermediate
+    q, kv = dims.heads * dims.head_dim, max(dims.kv_heads, tp) * dims.head_dim
+    per_layer = (3 * r * h + 3 * r * (q + 2 * kv) // tp     # q|k|v: A full, B's rows
+                 + r * q // tp + r * h                      # o: A's columns, B full
+                 + 2 * r * h + 2 * r * 2 * i // tp          # gate|up
+                 + r * i // tp + r * h)                     # down
+    elem = torch.empty((), dtype=dtype).element_size()
+    return max_loras * per_layer * (dims.layers if layers is None else layers) * elem
 
 
 def plan_memory(info: Any, dtype: torch.dtype, config: Any, max_model_len: int,
                 *, rank: int = 0, topo: Any = None, node: int | None = None,
-                meminfo: str | None = None, sharing: int = 1) -> MemoryPlan:
+                meminfo: str | None = None, sharing: int = 1,
+                seq_tokens: int | None = None, draft: Any = None) -> MemoryPlan:
     """Size ``rank``'s KV cache and check its weight shard + KV + activations fit in
     what its NUMA node (or the machine) has; before loading.
 
     Raises MemoryPlanError naming the rank and node, with the numbers, what to change
     and the largest ``--max-model-len`` that fits. ``topo``/``node``/``meminfo``/
     ``sharing`` (ranks placed on the same memory) replace the live machine in tests.
+    ``seq_tokens``: the KV tokens one sequence holds at once, when less than
+    ``max_model_len`` (a sliding window on every layer; ``setup.sequence_kv_tokens``).
+    ``draft``: the draft model's directory (speculative ``draft_model``): its weights
+    count (unsharded, in ``dtype``), and the KV space is split between the two caches
+    in proportion to their bytes per token, so both hold the same tokens.
     """
     from glowlm.distributed.parallel import stage_layers
 
@@ -310,12 +360,26 @@ def plan_memory(info: Any, dtype: torch.dtype, config: Any, max_model_len: int,
     tied = bool(getattr(info.hf_config, "tie_word_embeddings", False))
     weights = rank_weight_bytes(total_weights, dims, dtype, tp, pp, tied)
     stage = len(stage_layers(dims.layers, rank // tp, pp)) if pp > 1 else dims.layers
-    per_token = kv_bytes_per_token(dataclasses.replace(dims, layers=max(1, stage)), dtype, tp)
+    kv_dtype = resolve_kv_cache_dtype(getattr(config, "kv_cache_dtype", "auto"), dtype)
+    per_token = kv_bytes_per_token(dataclasses.replace(dims, layers=max(1, stage)), kv_dtype,
+                                   tp)
+    lora = 0
+    if getattr(config, "enable_lora", False):
+        lora = lora_slot_bytes(dims, dtype, config.max_loras, config.max_lora_rank, tp,
+                               max(1, stage))
+        weights += lora  # sized like weights for every check below; shown apart
+    draft_weights = draft_per_token = 0
+    if draft is not None:
+        draft_weights, draft_largest, _ = weight_bytes(draft, dtype)
+        largest = max(largest, draft_largest)
+        draft_per_token = kv_bytes_per_token(model_dims(draft.hf_config), kv_dtype)
+        weights += draft_weights  # sized like weights for every check below; shown apart
+    both = per_token + draft_per_token
     available, where = available_memory(topo, node, meminfo)
     if sharing > 1:
         available //= sharing
         where = f"1/{sharing} of {where}, shared by {sharing} ranks"
-    useful_kv = config.max_num_seqs * max_model_len * per_token
+    useful_kv = config.max_num_seqs * (seq_tokens or max_model_len) * both
     auto = config.kv_cache_space_gib is None
     if auto:
         # Activations grow with the KV in use (gathered K/V) by at most 2/layers of it, so
@@ -327,9 +391,15 @@ def plan_memory(info: Any, dtype: torch.dtype, config: Any, max_model_len: int,
         kv = int(config.kv_cache_space_gib * GIB)
     act = max(activation_bytes(dims, dtype, config, max_model_len, min(kv, useful_kv)),
               2 * largest)
-    fit_tokens = max(0, available - weights - act - HEADROOM_BYTES) // max(1, per_token)
-    plan = MemoryPlan(kv, weights, act, HEADROOM_BYTES, available, where, per_token, auto,
-                      int(min(fit_tokens, info.max_position_embeddings)), source)
+    fit_tokens = max(0, available - weights - act - HEADROOM_BYTES) // max(1, both)
+    draft_kv = kv * draft_per_token // both
+    kv -= draft_kv
+    plan = MemoryPlan(kv, weights - lora - draft_weights, act, HEADROOM_BYTES, available,
+                      where, per_token, auto,
+                      int(min(fit_tokens, info.max_position_embeddings)), source,
+                      str(kv_dtype).removeprefix("torch."), lora,
+                      f"{config.max_loras} x rank {config.max_lora_rank}" if lora else "",
+                      draft_weights, draft_kv)
     if plan.needed_bytes > available or (auto and kv < per_token * config.block_size):
         raise MemoryPlanError(_fits_message(plan, config, dtype, world,
                                             info.max_position_embeddings,

@@ -21,6 +21,7 @@ from glowlm.attention.backend import AttentionBackend, AttentionMetadata
 from glowlm.engine.outputs import Logprob, PositionLogprobs
 from glowlm.engine.scheduler import SchedulerOutput
 from glowlm.engine.sequence import Sequence
+from glowlm.engine.spec_decode.verify import num_accepted, verification_rows
 from glowlm.runtime import hugepages
 from glowlm.sampling.processors import add_processors
 from glowlm.sampling.sampler import SamplerOutput, SamplingBatch, noise_key, sample
@@ -35,6 +36,9 @@ class StepResult:
     logprobs: list[PositionLogprobs | None] = field(default_factory=list)
     cumulative: list[float] = field(default_factory=list)
     prompt_logprobs: dict[int, list[PositionLogprobs]] = field(default_factory=dict)
+    #: seq_id -> drafted tokens the target accepted, for every sequence that drafted
+    #: (its rows above are the accepted drafts and the target's token after them).
+    accepted: dict[int, int] = field(default_factory=dict)
     forward_seconds: float = 0.0
     sample_seconds: float = 0.0
     prepare_seconds: float = 0.0
@@ -46,6 +50,15 @@ def _pad(rows: list[list[int]], fill: int, dtype: type = np.int64) -> torch.Tens
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
     return torch.from_numpy(out)
+
+
+def _block_tables(rows: list[list[int]]) -> torch.Tensor:
+    """The step's block tables, padded with block 0; entries a sliding window gave back
+    (``NO_BLOCK``, negative) become block 0 too: no kernel reads a block behind the
+    window, and a valid index keeps any address computed from it in bounds."""
+    out = _pad(rows, 0, np.int32)
+    np.maximum(out.numpy(), 0, out=out.numpy())
+    return out
 
 
 def _position_logprobs(token: int, logprob: float, rank: int, top_ids: list[int] | None,
@@ -68,6 +81,12 @@ class StepInputs:
     block_copies: list[tuple[int, int]]
     rows: list[int]               # hidden rows whose logits are needed, in order
     every_row: bool
+    #: --enable-lora: each token row's adapter slot (-1: the base model); None when no
+    #: row of the step uses an adapter.
+    lora_slots: list[int] | None = None
+    #: Slot changes the driver made since the last step (slot, adapter path or None),
+    #: which the other ranks repeat before running it.
+    lora_loads: list[tuple[int, str | None]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -78,7 +97,7 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, backend: AttentionBackend, num_blocks: int,
                  block_size: int, kv_dtype: torch.dtype, parallel: Any = None,
-                 comms: Any = None, executor: Any = None) -> None:
+                 comms: Any = None, executor: Any = None, lora_state: Any = None) -> None:
         from glowlm.distributed.parallel import ParallelState
 
         self.parallel = parallel if parallel is not None else ParallelState()
@@ -99,6 +118,11 @@ class ModelRunner:
         huge = not envs.get().no_huge_pages
         self.kv_caches = [hugepages.mapped_zeros(shape, kv_dtype, huge) if i in own
                           else torch.empty(0, dtype=kv_dtype) for i in range(model.num_layers)]
+        #: --enable-lora: the step's row -> slot mapping (glowlm.lora.slots.LoRAState);
+        #: ``lora`` is the driver's adapter registry (set by the engine).
+        self.lora_state: Any = lora_state
+        self.lora: Any = None
+        self._lora_layers: dict[str, Any] | None = None
 
     # -- inputs -------------------------------------------------------------------------
 
@@ -113,10 +137,26 @@ class ModelRunner:
         seq_lens: list[int] = []
         tables: list[list[int]] = []
         num_decodes = 0
+        rows = 0  # attention rows: a decode, a prefill chunk, or one verified position
         for item in out.scheduled:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
             ids.extend(seq.token_ids[start:start + n])
+            if item.draft_token_ids:
+                # A verification: the last token and each draft are decode rows of their
+                # own (one query, context up to itself), all on the sequence's blocks, so
+                # each position runs the decode kernels a plain step would and gets the
+                # same numbers. The step writes every row's keys before attending.
+                ids.extend(item.draft_token_ids)
+                for pos in range(start, start + n):
+                    pos_parts.append(pos)
+                    slot_parts.append(seq.block_table[pos // bs] * bs + pos % bs)
+                    qsl.append(qsl[-1] + 1)
+                    seq_lens.append(pos + 1)
+                    tables.append(seq.block_table)
+                num_decodes += n
+                rows += n
+                continue
             if n == 1:  # decode: plain ints (numpy's per-call cost dominates one token)
                 pos_parts.append(start)
                 slot_parts.append(seq.block_table[start // bs] * bs + start % bs)
@@ -129,26 +169,28 @@ class ModelRunner:
             seq_lens.append(start + n)
             tables.append(seq.block_table)
             num_decodes += n == 1
-        if num_decodes == len(out.scheduled):
+            rows += 1
+        if num_decodes == rows:
             positions = torch.tensor(pos_parts, dtype=torch.int64)
             slots = torch.tensor(slot_parts, dtype=torch.int64)
         else:
             positions = torch.from_numpy(np.concatenate([np.atleast_1d(p) for p in pos_parts]))
             slots = torch.from_numpy(np.concatenate([np.atleast_1d(p) for p in slot_parts]))
         metadata = AttentionMetadata(
-            num_decodes=num_decodes, num_prefills=len(out.scheduled) - num_decodes,
+            num_decodes=num_decodes, num_prefills=rows - num_decodes,
             num_decode_tokens=num_decodes,
             slot_mapping=slots,
             query_start_loc=torch.tensor(qsl, dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            block_tables=_pad(tables, 0, np.int32),
+            block_tables=_block_tables(tables),
             max_query_len=max(b - a for a, b in zip(qsl, qsl[1:], strict=False)),
             max_seq_len=max(seq_lens), block_size=bs,
             query_start_loc_list=qsl, seq_lens_list=seq_lens,
         )
         return torch.tensor(ids, dtype=torch.int64), positions, metadata
 
-    def _sampling_batch(self, rows: list[Sequence], vocab: int) -> SamplingBatch:
+    def _sampling_batch(self, rows: list[Any], vocab: int) -> SamplingBatch:
+        """Rows are sequences, or a drafted sequence's later positions (verify.py)."""
         params = [s.request.params for s in rows]
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
         top_k = top_p = min_p = None
@@ -187,6 +229,8 @@ class ModelRunner:
             batch.banned_ids = _pad(banned, vocab)
         wants = [p.logprobs for p in params if p.logprobs is not None]
         batch.max_logprobs = max(wants) if wants else -1
+        if any(p.logprobs_after_temperature for p in params):  # beam search's scores
+            batch.scaled_logprobs = torch.tensor([p.logprobs_after_temperature for p in params])
         add_processors(batch, rows, params, vocab)  # logit_bias, allowed ids, grammar...
         return batch
 
@@ -200,25 +244,35 @@ class ModelRunner:
         # Rows of the hidden states whose logits we need.
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
+        sample_views: list[Any] = []  # what sampling reads per row (drafts: the position)
         prompt_rows: list[tuple[int, int, int]] = []  # (request key, hidden row, next token)
-        qsl = metadata.query_start_loc_list
-        for i, item in enumerate(out.scheduled):
-            seq = item.seq
-            if item.completes:
+        first = 0  # this item's first hidden row
+        for item in out.scheduled:
+            seq, end = item.seq, first + item.num_new_tokens
+            if item.draft_token_ids:  # every drafted position, then the bonus one
+                views = verification_rows(seq, item.draft_token_ids)
+                sample_rows.extend(range(end - len(views), end))
+                sample_seqs.extend([seq] * len(views))
+                sample_views.extend(views)
+            elif item.completes:
                 for s in [seq, *item.forks]:
-                    sample_rows.append(qsl[i + 1] - 1)
+                    sample_rows.append(end - 1)
                     sample_seqs.append(s)
+                    sample_views.append(s)
             request = seq.request
             if request.prompt_logprobs is not None and seq.index == 0:
                 have = len(request.prompt_logprobs)  # positions already reported
                 start = seq.num_computed_tokens
                 for p in range(max(start, have - 1), min(start + item.num_new_tokens,
                                                          seq.num_prompt_tokens - 1)):
-                    prompt_rows.append((id(request), qsl[i] + p - start, seq.token_ids[p + 1]))
+                    prompt_rows.append((id(request), first + p - start, seq.token_ids[p + 1]))
+            first = end
         rows = sample_rows + [r for _, r, _ in prompt_rows]
         every_row = rows == list(range(input_ids.shape[0]))  # decode: no gather
         inputs = StepInputs(input_ids, positions, metadata, list(out.block_copies), rows,
                             every_row)
+        if self.lora is not None:
+            inputs.lora_slots, inputs.lora_loads = self._lora_slots(out), self.lora.take_loads()
         t1 = time.perf_counter()
         if self.executor is not None:
             self.executor.broadcast(inputs)
@@ -226,9 +280,11 @@ class ModelRunner:
         t2 = time.perf_counter()
         if sample_rows:
             assert logits is not None
-            batch = self._sampling_batch(sample_seqs, logits.shape[1])
+            batch = self._sampling_batch(sample_views, logits.shape[1])
             sampled = sample(logits[:len(sample_rows)], batch)
             self._collect(result, sample_seqs, sampled)
+            if len(sample_views) > len(out.scheduled):
+                self._keep_accepted(result, out)
         if prompt_rows:
             assert logits is not None
             self._prompt_logprobs(result, out, logits[len(sample_rows):], prompt_rows)
@@ -238,7 +294,52 @@ class ModelRunner:
         result.sample_seconds = t3 - t2
         return result
 
+    @torch.inference_mode()
+    def last_logits(self, out: SchedulerOutput) -> torch.Tensor:
+        """The logits after each scheduled item's last new token, one row per item: a
+        draft model's forward (engine/spec_decode/draft_model.py), whose caller takes
+        the argmax -- no sampling, processors or prompt logprobs. Driver only."""
+        input_ids, positions, metadata = self._prepare(out)
+        rows, end = [], 0
+        for item in out.scheduled:
+            end += item.num_new_tokens
+            rows.append(end - 1)
+        every_row = rows == list(range(input_ids.shape[0]))
+        logits = self.run_step(StepInputs(input_ids, positions, metadata,
+                                          list(out.block_copies), rows, every_row))
+        assert logits is not None
+        return logits
+
+    def _lora_slots(self, out: SchedulerOutput) -> list[int] | None:
+        """Every token row's adapter slot, or None when the step has no adapter rows."""
+        slots: list[int] = []
+        for item in out.scheduled:
+            lora_id = item.seq.request.lora_id
+            slots.extend([self.lora.slot(lora_id) if lora_id else -1] * item.num_new_tokens)
+        return slots if any(s >= 0 for s in slots) else None
+
     def run_step(self, inputs: StepInputs) -> torch.Tensor | None:
+        """This rank's part of a step; see :meth:`_run_step`. With adapters, the step's
+        row -> slot mapping is set for the layers around it."""
+        state = self.lora_state
+        if state is None:
+            return self._run_step(inputs)
+        if inputs.lora_loads and self.lora is None:  # another rank: repeat the driver's
+            from glowlm.lora.manager import load_from_path
+            from glowlm.lora.slots import adapted_layers
+
+            if self._lora_layers is None:
+                self._lora_layers = adapted_layers(self.model)
+            for slot, path in inputs.lora_loads:
+                load_from_path(self.model, self._lora_layers, slot, path, state.max_rank)
+        pruned = not inputs.every_row and self._prunes
+        state.begin_step(inputs.lora_slots, inputs.rows if pruned else None)
+        try:
+            return self._run_step(inputs)
+        finally:
+            state.end_step()
+
+    def _run_step(self, inputs: StepInputs) -> torch.Tensor | None:
         """This rank's part of a step; the logits of ``inputs.rows`` on the first pipeline
         stage (None elsewhere, or when no row needs them).
 
@@ -321,6 +422,30 @@ class ModelRunner:
                 result.tokens[i], lps[i], ranks[i], top_ids[i][:k] if top_ids else None,
                 top_lps[i][:k] if top_lps else None))
         result.cumulative = lps
+
+    @staticmethod
+    def _keep_accepted(result: StepResult, out: SchedulerOutput) -> None:
+        """Cut each drafted sequence's rows after the first rejection (verify.py)."""
+        drafted = {item.seq.seq_id: item.draft_token_ids for item in out.scheduled
+                   if item.draft_token_ids}
+        keep: list[int] = []
+        i = 0
+        while i < len(result.seqs):
+            seq = result.seqs[i]
+            drafts = drafted.get(seq.seq_id)
+            if drafts is None:
+                keep.append(i)
+                i += 1
+                continue
+            a = num_accepted(drafts, result.tokens[i:i + len(drafts) + 1])
+            result.accepted[seq.seq_id] = a
+            keep.extend(range(i, i + a + 1))
+            i += len(drafts) + 1
+        result.seqs = [result.seqs[j] for j in keep]
+        result.tokens = [result.tokens[j] for j in keep]
+        result.logprobs = [result.logprobs[j] for j in keep]
+        if result.cumulative:
+            result.cumulative = [result.cumulative[j] for j in keep]
 
     def _prompt_logprobs(self, result: StepResult, out: SchedulerOutput, logits: torch.Tensor,
                          rows: list[tuple[int, int, int]]) -> None:

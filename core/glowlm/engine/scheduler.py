@@ -6,33 +6,48 @@ next chunk that fits), then waiting sequences while the budget and the
 ``max_num_seqs`` cap allow. When the KV cache runs out, the most recently
 arrived running sequence is preempted (its blocks freed, to be recomputed
 later) until the older one fits: first come, first served, and no crash.
+Where every layer attends within a window, each sequence first gives back the blocks
+behind it (``BlockManager.slide``), so long sequences hold the window's blocks only.
+
+With speculative decoding, a decoding sequence may carry drafted tokens
+(``ScheduledSeq.draft_token_ids``, from ``engine/spec_decode``): they cost budget
+and KV slots like prompt tokens, are dropped first when either runs short, and the
+step verifies them as a short prefill.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from glowlm.engine.block_manager import BlockManager
 from glowlm.engine.sequence import Request, Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from glowlm.engine.spec_decode.speculator import Speculator
 
 
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int              # the drafts included
     #: Sequences forked from this one this step: they sample from its last logits.
     forks: list[Sequence] = field(default_factory=list)
+    #: Drafted tokens after the sequence's last token, verified this step.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def completes(self) -> bool:
         """True when this chunk reaches the last token, so a new token is sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return (self.seq.num_computed_tokens + self.num_new_tokens
+                - len(self.draft_token_ids) == self.seq.num_tokens)
 
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list[ScheduledSeq]      # decodes (1 token) first, then prefill chunks
+    scheduled: list[ScheduledSeq]      # decodes (1 token, or drafts) first, then prefill chunks
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     num_preempted: int = 0
 
@@ -43,8 +58,14 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int,
-                 max_num_seqs: int) -> None:
+                 max_num_seqs: int, speculator: Speculator | None = None,
+                 admit: Callable[[Sequence, list[Sequence]], bool] | None = None) -> None:
+        """``admit(seq, running)``: whether a waiting sequence may join the running ones
+        beyond the token and block budgets (LoRA: a slot for its adapter); a refused one
+        waits, and so does every later arrival (first come, first served)."""
         self.bm = block_manager
+        self.admit = admit
+        self.speculator = speculator
         self.max_tokens = max_num_batched_tokens
         self.max_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
@@ -92,10 +113,17 @@ class Scheduler:
         running = sorted(self.running, key=lambda s: (s.request.arrival_time, s.seq_id))
         kept: list[Sequence] = []
         preempted = False
+        drafts = self._drafts(running)
         while running and budget > 0:
             seq = running.pop(0)
+            self.bm.slide(seq)  # blocks behind a sliding window go back before growing
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            draft = drafts.get(seq, [])[:budget - 1]
             target = seq.num_computed_tokens + num_new
+            if draft and self.bm.can_grow(seq, target + len(draft)):
+                num_new, target = num_new + len(draft), target + len(draft)
+            else:
+                draft = []
             while not self.bm.can_grow(seq, target) and running:
                 self._preempt(running.pop())  # newest arrival gives way
                 out.num_preempted += 1
@@ -110,7 +138,7 @@ class Scheduler:
             copy = self.bm.copy_on_write(seq, seq.num_computed_tokens)
             if copy:
                 out.block_copies.append(copy)
-            out.scheduled.append(ScheduledSeq(seq, num_new))
+            out.scheduled.append(ScheduledSeq(seq, num_new, draft_token_ids=draft))
             kept.append(seq)
             budget -= num_new
         kept.extend(running)  # not scheduled this step (budget spent), still running
@@ -118,12 +146,15 @@ class Scheduler:
         while (self.waiting and budget > 0 and len(self.running) < self.max_seqs
                and not preempted):
             seq = self.waiting[0]
+            if self.admit is not None and not self.admit(seq, self.running):
+                break
             if seq.num_computed_tokens == 0 and not seq.block_table:
                 cached = self.bm.match_prefix(seq)
                 seq.num_computed_tokens = cached
                 if seq.request.metrics and cached:
                     seq.request.metrics.num_cached_tokens = max(
                         seq.request.metrics.num_cached_tokens, cached)
+                self.bm.slide(seq)  # a long cached prefix keeps only its window
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             target = seq.num_computed_tokens + num_new
             if self._waits_for_inflight(seq) or not self.bm.can_grow(seq, target):
@@ -140,8 +171,17 @@ class Scheduler:
             budget -= num_new
         for item in out.scheduled:
             self._fork_if_prompt_done(item)
-        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)  # stable: decodes first
+        # Stable: decodes and verifications (decode rows too) first, then prompt chunks.
+        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1 and not s.draft_token_ids)
         return out
+
+    def _drafts(self, running: list[Sequence]) -> dict[Sequence, list[int]]:
+        """The speculator's drafts for the running sequences that decode this step."""
+        if self.speculator is None:
+            return {}
+        decoding = [s for s in running if s.num_computed_tokens == s.num_tokens - 1
+                    and s.num_output_tokens > 0]
+        return self.speculator.plan(decoding) if decoding else {}
 
     def _fork_if_prompt_done(self, item: ScheduledSeq) -> None:
         request: Request = item.seq.request

@@ -20,6 +20,7 @@ from glowlm.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from glowlm.engine.detokenizer import IncrementalDetokenizer
+    from glowlm.lora.request import LoRARequest
 
 
 class SequenceStatus(enum.Enum):
@@ -39,6 +40,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0   # leading blocks already offered to the prefix cache
+    num_dropped_blocks: int = 0      # leading blocks given back: behind every layer's window
     status: SequenceStatus = SequenceStatus.WAITING
     text: str = ""                   # output text so far (stop strings removed)
     emitted_chars: int = 0           # how much of ``text`` was released to streams
@@ -81,6 +83,19 @@ class Request:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     metrics: RequestMetrics | None = None
     aborted: bool = False
+    #: The adapter the request runs on (None: the base model).
+    lora_request: LoRARequest | None = None
+
+    @property
+    def lora_id(self) -> int:
+        """The adapter's id, 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
+
+    @property
+    def cache_salt(self) -> bytes | None:
+        """What the prefix cache's block hashes start from: an adapter's keys and values
+        differ from the base model's for the same tokens."""
+        return f"lora:{self.lora_id}".encode() if self.lora_request is not None else None
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=time.time())

@@ -186,7 +186,8 @@ class DPEngine:
             raise
         self.max_model_len = min(i["max_model_len"] for i in infos)
         self.vocab_size = infos[0]["vocab_size"]
-        info = read_model_dir(config.model)
+        info = read_model_dir(config.model, config.revision, config.gguf_file,
+                              hf_overrides=config.hf_overrides)
         self.model_info = info
         self.eos_token_ids = frozenset(info.eos_token_ids)
         self.tokenizer = load_tokenizer(config.tokenizer or str(info.path))

@@ -29,7 +29,8 @@ def describe_model(config: Any) -> str:
     from glowlm.model_loader.loader import read_model_dir
 
     info = read_model_dir(config.model, getattr(config, "revision", None),
-                          getattr(config, "gguf_file", None))
+                          getattr(config, "gguf_file", None),
+                          hf_overrides=getattr(config, "hf_overrides", None))
     d = model_dims(info.hf_config)
     arch = ",".join(getattr(info.hf_config, "architectures", None) or ["?"])
     return (f"{arch}: {d.layers} layers, hidden {d.hidden}, {d.heads} heads / {d.kv_heads} "

@@ -20,7 +20,8 @@ def check_layout(config: Any) -> None:
 
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     info = read_model_dir(config.model, getattr(config, "revision", None),
-                          getattr(config, "gguf_file", None))
+                          getattr(config, "gguf_file", None),
+                          hf_overrides=getattr(config, "hf_overrides", None))
     d = model_dims(info.hf_config)
     if d.heads % tp:
         raise ConfigError(f"--tensor-parallel-size {tp} does not divide the model's "

@@ -84,8 +84,8 @@ def worker_main(config: Any, layout: Layout, rank: int, conn: Any, addr: str, po
         link = WorkerLink(conn, comms, layout.tp, layout.pp)
         setup = build_engine_parts(config, show_progress=False, link=link)
         runner = ModelRunner(setup.model, setup.parts.attention_backend, setup.num_blocks,
-                             setup.config.block_size, setup.parts.dtype,
-                             parallel=link.parallel, comms=comms)
+                             setup.config.block_size, setup.kv_dtype or setup.parts.dtype,
+                             parallel=link.parallel, comms=comms, lora_state=setup.parts.lora)
         init_gloo(rank, layout.tp * layout.pp, addr, port)
         comms.connect()  # the groups that span hosts
         conn.send(("gloo", None))

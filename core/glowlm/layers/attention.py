@@ -14,17 +14,17 @@ class Attention(nn.Module):
 
     ``layer_index`` selects the cache in the step's ``kv_caches`` list, which the
     model runner allocates once and passes with every forward. ``sliding_window``
-    goes to the backend in the layer's spec
+    and ``logits_soft_cap`` go to the backend in the layer's spec
     (:class:`~glowlm.attention.backend.AttentionLayerSpec` says what it means).
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float,
-                 layer_index: int, parts: ModelParts, sliding_window: int | None = None
-                 ) -> None:
+                 layer_index: int, parts: ModelParts, sliding_window: int | None = None,
+                 logits_soft_cap: float | None = None) -> None:
         super().__init__()
         tp = parts.parallel.tp_size
         self.spec = AttentionLayerSpec(num_heads // tp, max(1, num_kv_heads // tp), head_size,
-                                       scale, sliding_window)
+                                       scale, sliding_window, logits_soft_cap)
         self.layer_index = layer_index
         assert parts.attention_backend is not None
         self.backend = parts.attention_backend

@@ -13,6 +13,7 @@ from glowlm.ops.table import REFERENCE_OPS, OpsTable
 if TYPE_CHECKING:
     from glowlm.attention.backend import AttentionBackend
     from glowlm.layers.quantization import QuantizationConfig
+    from glowlm.lora.slots import LoRAState
     from glowlm.ops.linear import LinearMethod
 
 
@@ -31,6 +32,16 @@ class ModelParts:
     quant_config: QuantizationConfig | None = None
     unquantized: LinearMethod | None = None
     parallel: ParallelState = field(default_factory=ParallelState)
+    #: --enable-expert-parallel: MoE layers hold whole experts per TP rank
+    #: (:class:`glowlm.layers.moe.FusedMoE`), not a slice of every expert.
+    expert_parallel: bool = False
+    #: The context the engine serves (``--max-model-len``, else the model's): rotary
+    #: tables hold that many positions, and the length-dependent RoPE scalings (dynamic
+    #: NTK, LongRoPE's short/long factors) are fixed by it. None: the config's.
+    max_model_len: int | None = None
+    #: --enable-lora: every decoder linear layer holds adapter slots and reads the step's
+    #: row -> slot mapping from here (:mod:`glowlm.lora.slots`). None: no adapters.
+    lora: LoRAState | None = None
 
     def linear_method(self, prefix: str) -> LinearMethod:
         if self.quant_config is not None:

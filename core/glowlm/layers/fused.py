@@ -31,7 +31,10 @@ class FusedLayer(Generic[W]):
     """
 
     def __init__(self, fn: Callable[..., Any] | None, parts: ModelParts, applies: bool,
-                 weights: Callable[[], W]) -> None:
+                 weights: Callable[[], W], window: int | None = None) -> None:
+        """``window``: the layer's attention window when its op attends to the whole
+        context (a form without per-layer windows): the op then runs only in steps
+        whose every sequence fits the window, where the window hides no key (:meth:`fits`)."""
         sharded = parts.parallel.tp_size > 1
         plain = (not sharded or getattr(fn, "accepts_tensor_parallel", False)) and (
             parts.quant_config is None or getattr(fn, "accepts_quantized", False))
@@ -42,6 +45,20 @@ class FusedLayer(Generic[W]):
         self.tp_group = parts.parallel.tp_group if self.fn is not None and sharded else None
         self._make = weights
         self._weights: W | None = None
+        #: Adapter rows in a step need the module-by-module path (the op runs the dense
+        #: projections itself), so the op runs only in steps without them.
+        self._lora = parts.lora
+        self.window = window
+
+    def fits(self, metadata: Any) -> bool:
+        """Whether the op's full attention equals the layer's windowed one this step: no
+        sequence is longer than the window (a query at q sees keys p > q - window)."""
+        return self.window is None or metadata.max_seq_len <= self.window
+
+    @property
+    def runs(self) -> bool:
+        """Whether this step may call :attr:`fn`."""
+        return self.fn is not None and (self._lora is None or not self._lora.active)
 
     def weights(self) -> W:
         if self._weights is None:
@@ -60,7 +77,10 @@ class FusedStack(Generic[W]):
     ``per_layer_window=True``: the layers' weights carry their own attention window
     (:attr:`glowlm.ops.fused.DecoderLayerWeights.sliding_window`, Gemma 3's local and
     global layers), so layers whose specs differ only in the window still make one
-    call, with the common spec without a window.
+    call, with the common spec without a window. Otherwise the op attends to the whole
+    context, so over layers with windows it runs only in steps that fit the smallest
+    (Mistral, Phi-3: within the window, full attention is the windowed one) and the
+    layers run their modules, whose backend slides, in longer steps.
     """
 
     def __init__(self, fn: Callable[..., Any] | None, fused: Sequence[FusedLayer[W]],
@@ -73,13 +93,17 @@ class FusedStack(Generic[W]):
             self.fn = None  # and shards one that does their all-reduces
         self._fused = list(fused)
         self._indices = [a.layer_index for a in attention]
-        specs = [dataclasses.replace(a.spec, sliding_window=None) if per_layer_window
-                 else a.spec for a in attention]
+        windows = [a.spec.sliding_window for a in attention if a.spec.sliding_window]
+        #: the longest step the op may run (None: any); see the class docstring
+        self._fits = None if per_layer_window or not windows else min(windows)
+        specs = [dataclasses.replace(a.spec, sliding_window=None) for a in attention]
         self.spec: AttentionLayerSpec | None = specs[0] if specs else None
         if any(s != self.spec for s in specs):
             self.fn = None  # one call takes one spec
         self._weights: list[W] | None = None
         self._head: list[W] | None = None  # all but the last layer's
+        self._lora = next((f._lora for f in fused if getattr(f, "_lora", None) is not None),
+                          None)
 
     def weights(self, skip_last: bool = False) -> list[W]:
         """The layers' weights; the lists keep their identity (platforms key caches on it)."""
@@ -92,7 +116,9 @@ class FusedStack(Generic[W]):
     def __call__(self, *args: Any, kv_caches: Sequence[torch.Tensor], metadata: Any,
                  skip_last: bool = False) -> Any:
         """``fn(*args, weights, caches, metadata, spec)``; None if absent or declined."""
-        if self.fn is None or (skip_last and len(self._fused) == 1):
+        if self.fn is None or (skip_last and len(self._fused) == 1) or (
+                self._lora is not None and self._lora.active) or (
+                self._fits is not None and metadata.max_seq_len > self._fits):
             return None
         try:
             return self.fn(*args, self.weights(skip_last), self.caches(kv_caches, skip_last),

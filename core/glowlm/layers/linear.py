@@ -18,6 +18,13 @@ from glowlm.distributed.parallel import divide
 from glowlm.errors import ModelLoadError
 from glowlm.layers.context import ModelParts
 from glowlm.layers.weights import copy_checked
+from glowlm.lora.slots import LoRASlots
+
+
+def _adapts(prefix: str) -> bool:
+    """Layers an adapter may target: the projections of the decoder layers (not a head)."""
+    leaf = prefix.rsplit(".", 1)[-1]
+    return leaf not in ("lm_head", "score", "classifier") and "." in prefix
 
 
 def _pack_factor(param: torch.Tensor, dim: int) -> int:
@@ -58,9 +65,31 @@ class LinearBase(nn.Module):
             self.bias = None
         for p in self.parameters(recurse=False):
             p.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        #: Adapter slots (--enable-lora), for every projection of the decoder layers.
+        self.lora: LoRASlots | None = None
+        if parts.lora is not None and _adapts(prefix):
+            self.lora = LoRASlots(self, parts.lora)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The method's matmul, plus the step's adapter updates on their rows."""
+        y = self.method.apply(self, x, bias)
+        lora = self.lora
+        if lora is not None and lora.state.active:
+            y = lora.state.update(lora, x, y)
+        return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x, self.bias)
+        return self.matmul(x, self.bias)
+
+    @property
+    def full_input_size(self) -> int:
+        """The input features of the whole (unsharded) projection."""
+        return self.input_size
+
+    def lora_shard(self, index: int, a: torch.Tensor, b: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of an adapter's (A, B) for projection ``index``."""
+        return a, b
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: str | int | None = None) -> None:
@@ -87,13 +116,18 @@ class ColumnParallelLinear(LinearBase):
                          parts, prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.method.apply(self, x, self.bias)
+        y = self.matmul(x, self.bias)
         return self.parallel.all_gather_last_dim(y) if self.gather_output else y
 
     def _shard(self, loaded: torch.Tensor, dim: int, index: int, pack: int = 1
                ) -> torch.Tensor:
         size = self.output_sizes[index] // pack
         return loaded.narrow(dim, self.parallel.tp_rank * size, size)
+
+    def lora_shard(self, index: int, a: torch.Tensor, b: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """All of A; this rank's output rows of B (as of the weight)."""
+        return a, (self._shard(b, 0, index) if self.parallel.tp_size > 1 else b)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: str | int | None = None) -> None:
@@ -181,11 +215,24 @@ class RowParallelLinear(LinearBase):
         super().__init__(divide(input_size, parts.parallel.tp_size, prefix), [output_size],
                          bias, parts, prefix)
 
+    @property
+    def full_input_size(self) -> int:
+        return self.input_size * self.parallel.tp_size
+
+    def lora_shard(self, index: int, a: torch.Tensor, b: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's input columns of A; all of B (the update is a partial sum the
+        layer's all-reduce completes)."""
+        if self.parallel.tp_size == 1:
+            return a, b
+        return a.narrow(1, self.parallel.tp_rank * self.input_size, self.input_size), b
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.parallel.tp_size == 1:
-            return self.method.apply(self, x, self.bias)
-        # The bias is added once, after the reduction, not on every rank.
-        y = self.method.apply(self, x, None)
+            return self.matmul(x, self.bias)
+        # The bias is added once, after the reduction, not on every rank; an adapter's
+        # update on a shard of the input is a partial sum the reduction completes.
+        y = self.matmul(x, None)
         y = self.parallel.all_reduce(y)
         return y + self.bias if self.bias is not None else y
 

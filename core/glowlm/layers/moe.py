@@ -34,7 +34,17 @@ EXPERT_PARTS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down",
 
 class FusedMoE(nn.Module):
     """The routed experts of one layer: ``[experts, 2 * inter, hidden]`` and
-    ``[experts, hidden, inter]`` (this rank's slice of ``inter`` under TP)."""
+    ``[experts, hidden, inter]``, dense in the model dtype or, where the checkpoint's
+    quantization config says (``QuantizationConfig.moe_method``), in its quantized blocks.
+
+    Under TP each rank holds its slice of ``inter`` of every expert; with expert
+    parallelism (``--enable-expert-parallel``, ``ModelParts.expert_parallel``) it holds
+    ``experts / tp`` whole experts instead and runs only the (token, expert) pairs routed
+    to them. Either way the ranks' partial sums are all-reduced. Why both: slicing keeps
+    every rank busy on every token but splits each expert's GEMM into ``tp`` narrower ones;
+    whole experts keep the GEMMs wide (prefill) at the cost of load balance (a rank whose
+    experts the step's tokens avoid waits at the all-reduce).
+    """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool, parts: ModelParts, prefix: str,
@@ -44,41 +54,94 @@ class FusedMoE(nn.Module):
             raise ModelLoadError(f"{prefix}: {top_k} experts per token out of {num_experts}")
         self.prefix = prefix
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.hidden_size = hidden_size
         self.activation = activation
         self.parallel = parts.parallel
-        self.inter = divide(intermediate_size, parts.parallel.tp_size,
-                            f"{prefix}: the experts' intermediate size")
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.inter, hidden_size,
+        tp, rank = parts.parallel.tp_size, parts.parallel.tp_rank
+        self.expert_parallel = parts.expert_parallel and tp > 1
+        if self.expert_parallel:
+            #: this rank's experts: ``first_expert ... first_expert + local_experts - 1``
+            self.local_experts = divide(num_experts, tp, f"{prefix}: the experts "
+                                        "(--enable-expert-parallel)")
+            self.first_expert = rank * self.local_experts
+            self.inter = intermediate_size
+        else:
+            self.local_experts, self.first_expert = num_experts, 0
+            self.inter = divide(intermediate_size, tp, f"{prefix}: the experts' "
+                                "intermediate size")
+        local = self.local_experts
+        self.fn = parts.ops.fused_moe
+        #: quantized experts (:mod:`glowlm.layers.quantization.moe`), or None: dense
+        self.method = (parts.quant_config.moe_method(prefix)
+                       if parts.quant_config is not None else None)
+        if self.method is not None:
+            self.method.create_weights(self, local, hidden_size, self.inter)
+            return
+        self.w13 = nn.Parameter(torch.empty(local, 2 * self.inter, hidden_size,
                                             dtype=parts.dtype), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, self.inter,
+        self.w2 = nn.Parameter(torch.empty(local, hidden_size, self.inter,
                                            dtype=parts.dtype), requires_grad=False)
         for p, names in ((self.w13, ("gate", "up")), (self.w2, ("down",))):
             p.weight_loader = self.weight_loader  # type: ignore[attr-defined]
             #: what the loader must fill for every expert (``CausalLM.expected_names``)
             p.expert_parts = names  # type: ignore[attr-defined]
-        self.fn = parts.ops.fused_moe
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
-                      shard_id: tuple[int | None, str]) -> None:
+                      shard_id: tuple[int | None, str]) -> list[int]:
         """``shard_id = (expert, part)``: one expert's ``gate``/``up`` ``[inter, hidden]``
         or ``down`` ``[hidden, inter]`` (safetensors), or with ``expert=None`` every
-        expert's at once, ``[experts, ...]`` (GGUF's stacked tensors)."""
+        expert's at once, ``[experts, ...]`` (GGUF's stacked tensors). Returns the local
+        experts filled (none: an expert another rank holds under expert parallelism)."""
         expert, part = shard_id
-        rank, n = self.parallel.tp_rank, self.inter
+        rank = 0 if self.expert_parallel else self.parallel.tp_rank
         name = f"{self.prefix}[{'*' if expert is None else expert}].{part}"
-        target = param.data if expert is None else param.data[expert]
+        first, local = self.first_expert, self.local_experts
+        if expert is None:
+            target, filled = param.data, list(range(local))
+            loaded = loaded.narrow(0, first, local)
+        elif first <= expert < first + local:
+            target, filled = param.data[expert - first], [expert - first]
+        else:
+            return []
+        # This rank's rows of gate/up and columns of down; the same slicing for a
+        # quantized expert's blocks, whose columns are values or per-group scales.
         if part in ("gate", "up"):
+            n = target.shape[-2] // 2
             off = 0 if part == "gate" else n
             copy_checked(target.narrow(-2, off, n), loaded.narrow(-2, rank * n, n), name)
         elif part == "down":
-            copy_checked(target, loaded.narrow(-1, rank * n, n), name)
+            c = target.shape[-1]
+            copy_checked(target, loaded.narrow(-1, rank * c, c), name)
         else:
             raise ModelLoadError(f"{name}: unknown expert projection {part!r}")
+        return filled
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = moe_route(router_logits, self.top_k, self.renormalize)
-        out = self.fn(x, self.w13, self.w2, weights, ids, self.activation)
-        return self.parallel.all_reduce(out)
+        if self.expert_parallel:
+            return self.parallel.all_reduce(self._local_pairs(x, weights, ids))
+        return self.parallel.all_reduce(self._experts(x, weights, ids))
+
+    def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+                 ) -> torch.Tensor:
+        if self.method is not None:
+            return self.method.apply(self, x, weights, ids)
+        return self.fn(x, self.w13, self.w2, weights, ids, self.activation)
+
+    def _local_pairs(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+                     ) -> torch.Tensor:
+        """Expert parallelism: the (token, expert) pairs routed to this rank's experts,
+        each as a row of its own with one expert, summed back into the token's row."""
+        local = ids - self.first_expert
+        mine = (local >= 0) & (local < self.local_experts)
+        out = torch.zeros_like(x)
+        pairs = mine.nonzero()
+        if pairs.numel():
+            tokens, slot = pairs[:, 0], pairs[:, 1]
+            y = self._experts(x.index_select(0, tokens), weights[tokens, slot, None],
+                              local[tokens, slot, None])
+            out.index_add_(0, tokens, y)
+        return out
 
 
 class SharedExpert(nn.Module):

@@ -44,8 +44,14 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    # BERT-family embedders as llama.cpp's converter writes them (docs/pooling.md); a
+    # file with a classifier head (cls.output) is a cross-encoder.
+    "bert": "BertModel",
 }
 #: ``llama`` files with ``llama.expert_count`` > 0 are Mixtral (llama.cpp writes it so).
 LLAMA_WITH_EXPERTS = "MixtralForCausalLM"
@@ -88,8 +94,34 @@ _GEMMA3_LAYER = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+#: Starcoder2's MLP is ``c_fc`` / ``c_proj``, llama.cpp's ``ffn_up`` / ``ffn_down``.
+_STARCODER2_LAYER = {**_LLAMA_LAYER, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+#: Per-architecture layer tables (Gemma 2's are Gemma 3's: four norms, no q/k norm).
+#: Phi-3's q|k|v and gate|up are one tensor each in the file, as in its checkpoint.
+_PHI3_LAYER = {**_LLAMA_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_LAYER_TABLES = {"gemma3": _GEMMA3_LAYER, "gemma2": _GEMMA3_LAYER,
+                 "starcoder2": _STARCODER2_LAYER, "phi3": _PHI3_LAYER}
+#: Tensors that hold several projections in the file: dequantized at load (the native
+#: block layers take one tensor per projection).
+FUSED_IN_FILE = (".qkv_proj", ".gate_up_proj")
+#: Architectures whose converter stores Gemma's norms as ``1 + w``.
+GEMMA_NORMS = ("gemma2", "gemma3")
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
            "output": "lm_head"}
+#: llama.cpp's BERT names (gguf's tensor map for MODEL_ARCH.BERT) -> transformers'.
+_BERT_LAYER = {
+    "attn_q": "attention.self.query", "attn_k": "attention.self.key",
+    "attn_v": "attention.self.value", "attn_output": "attention.output.dense",
+    "attn_output_norm": "attention.output.LayerNorm", "ffn_up": "intermediate.dense",
+    "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm",
+}
+#: The classifier head: ``cls`` (dense, tanh) and ``cls.output`` (the labels), which is
+#: BERT's pooler + classifier.
+_BERT_GLOBAL = {"token_embd": "embeddings.word_embeddings",
+                "token_types": "embeddings.token_type_embeddings",
+                "position_embd": "embeddings.position_embeddings",
+                "token_embd_norm": "embeddings.LayerNorm", "cls": "pooler.dense",
+                "cls.output": "classifier"}
 
 
 def _reader(path: Path) -> Any:
@@ -170,11 +202,6 @@ def inspect(path: str | Path) -> GGUFInfo:
     types: dict[str, int] = {}
     for t in reader.tensors:
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        # Llama 3.1+ rope scaling travels as per-frequency factors, not as config keys.
-        raise ModelLoadError(f"{path}: this GGUF carries its rotary scaling as a rope_freqs "
-                             "tensor (Llama 3.1-style), which glowlm does not read from GGUF "
-                             "yet; load the model's safetensors directory instead")
     unknown = sorted(set(types) - set(SUPPORTED_TYPES))
     if unknown:
         raise ModelLoadError(f"{path}: tensor type(s) {', '.join(unknown)} are not supported "
@@ -182,6 +209,8 @@ def inspect(path: str | Path) -> GGUFInfo:
     hf_arch = ARCHITECTURES[arch]
     if arch == "llama" and int(field(reader, "llama.expert_count", 0) or 0) > 0:
         hf_arch = LLAMA_WITH_EXPERTS
+    if arch == "bert" and any(t.name == "cls.output.weight" for t in reader.tensors):
+        hf_arch = "BertForSequenceClassification"
     return GGUFInfo(path, arch, hf_arch, str(field(reader, "general.name", path.stem)),
                     types, len(reader.tensors))
 
@@ -196,8 +225,14 @@ def hf_name(arch: str, name: str) -> str | None:
     if suffix not in ("weight", "bias"):
         return None
     m = _LAYER.match(stem)
+    if arch == "bert":
+        if m:
+            part = _BERT_LAYER.get(m.group(2))
+            return None if part is None else f"encoder.layer.{m.group(1)}.{part}.{suffix}"
+        base = _BERT_GLOBAL.get(stem)
+        return None if base is None else f"{base}.{suffix}"
     if m:
-        table = _GEMMA3_LAYER if arch == "gemma3" else _LLAMA_LAYER
+        table = _LAYER_TABLES.get(arch, _LLAMA_LAYER)
         part = table.get(m.group(2))
         return None if part is None else f"model.layers.{m.group(1)}.{part}.{suffix}"
     base = _GLOBAL.get(stem)
@@ -240,17 +275,21 @@ def native_quant_config(path: str | Path, stacked: list[tuple[str, str, Any]],
     head_type: str | None = None
     for t in reader.tensors:
         name = hf_name(arch, t.name)
-        if name and ".experts." in name:
-            continue  # stacked experts: dequantized to the model dtype when loaded
-        if name and name.endswith(".weight") and name.startswith("model.layers."):
+        if name and name.removesuffix(".weight").endswith(FUSED_IN_FILE):
+            continue  # fused projections (Phi-3's qkv, gate_up): dequantized when loaded
+        if name and name.endswith(".weight") and name.startswith(("model.layers.",
+                                                                   "encoder.layer.")):
             types[name.removesuffix(".weight")] = t.tensor_type.name
         elif name == ("model.embed_tokens.weight" if tied else "lm_head.weight"):
             head_type = t.tensor_type.name
+    # Stacked experts: gate and up run as one ``w13`` layer, down as ``w2``
+    # (:mod:`glowlm.layers.quantization.moe`).
     fused_of = {part: fused for fused, part, _ in stacked}
     groups: dict[str, list[str]] = {}
     for module in types:
         prefix, _, leaf = module.rpartition(".")
-        groups.setdefault(f"{prefix}.{fused_of.get(leaf, leaf)}", []).append(module)
+        table = _EXPERT_LAYERS if prefix.endswith(".experts") else fused_of
+        groups.setdefault(f"{prefix}.{table.get(leaf, leaf)}", []).append(module)
     if head_type in NATIVE_TYPES and (head in ("1", "auto-int8") or
                                        (head == "auto" and NATIVE_TYPES[head_type][0] == 4)):
         types["lm_head"] = head_type
@@ -268,6 +307,10 @@ def native_quant_config(path: str | Path, stacked: list[tuple[str, str, Any]],
     return {"quant_method": "gguf", "layers": layers}, native
 
 
+#: A stacked expert tensor's HF leaf -> the FusedMoE projection it is part of.
+_EXPERT_LAYERS = {"gate_proj": "w13", "up_proj": "w13", "down_proj": "w2"}
+
+
 def count_tensors(path: str | Path) -> int:
     return inspect(path).num_tensors
 
@@ -283,9 +326,22 @@ def is_gguf(path: str | Path) -> bool:
         return False
 
 
-def weight_bytes(path: str | Path, elem: int) -> tuple[int, int]:
-    """(bytes, largest tensor's bytes) once every tensor is dequantized to ``elem``-byte
-    floats: what the memory plan needs before loading."""
+def weight_bytes(path: str | Path, elem: int,
+                 native: dict[str, tuple[int, int]] | None = None) -> tuple[int, int]:
+    """(bytes, largest tensor's bytes) of the loaded weights: what the memory plan needs
+    before loading. Tensors are dequantized to ``elem``-byte floats, except those of the
+    natively run layers (``native``: HF module -> (bits, group), from
+    :func:`native_quant_config`), which stay ``bits`` per weight plus a float32 scale and
+    zero per group (the canonical form the kernels repack from; a MoE model's experts
+    are most of its bytes, so counting them dequantized would refuse a Q4_K_M file that
+    fits)."""
     reader = _reader(Path(path))
-    sizes = [int(np.prod(t.shape.tolist())) * elem for t in reader.tensors]
+    arch = field(reader, "general.architecture")
+    native = native or {}
+    sizes = []
+    for t in reader.tensors:
+        numel = int(np.prod(t.shape.tolist()))
+        name = hf_name(arch, t.name) or ""
+        fmt = native.get(name.removesuffix(".weight"))
+        sizes.append(numel * elem if fmt is None else numel * fmt[0] // 8 + numel // fmt[1] * 8)
     return sum(sizes), max(sizes, default=0)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from glowlm.errors import ModelLoadError
-from glowlm.model_loader.gguf import _reader, field, hf_name
+from glowlm.model_loader.gguf import GEMMA_NORMS, _reader, field, hf_name
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -113,7 +113,7 @@ def iterate_tensors(path: str | Path, hf_config: Any, dtype: torch.dtype,
                 raise ModelLoadError(f"{path}: cannot read tensor {t.name} "
                                      f"({t.tensor_type.name}, {shape}): {exc}") from None
             w = _rows(arch, name, n_head, n_kv, w)
-            if arch == "gemma3" and name.endswith("norm.weight"):
+            if arch in GEMMA_NORMS and name.endswith("norm.weight"):
                 w = w - 1.0  # the converter stores Gemma's (1 + w); the model applies 1 + w
             return w.to(dtype)
 
@@ -131,13 +131,18 @@ def _native_parts(path: Path, t: Any, layer: str, shape: tuple[int, ...],
 
     def get(key: str) -> torch.Tensor:
         if not parts:
+            # Stacked experts ``[experts, out, in]`` are split as one matrix of all the
+            # experts' rows (blocks never cross a row), then stacked again.
+            flat = (shape[0] * shape[1], shape[2]) if len(shape) == 3 else shape
             try:
-                q, scales, zeros = split_blocks(t.data, t.tensor_type.name, shape, fmt[1],
+                q, scales, zeros = split_blocks(t.data, t.tensor_type.name, flat, fmt[1],
                                                fmt[0])
             except (ValueError, RuntimeError) as exc:
                 raise ModelLoadError(f"{path}: cannot read tensor {t.name} "
                                      f"({t.tensor_type.name}, {shape}): {exc}") from None
             name = f"{layer}.weight"
+            if len(shape) == 3:
+                q, scales, zeros = (x.view(shape[0], shape[1], -1) for x in (q, scales, zeros))
             parts.update(gguf_q=rows(name, q), gguf_scales=rows(name, scales),
                          gguf_zeros=rows(name, zeros))
         return parts.pop(key)

@@ -18,7 +18,10 @@ StackedMapping = list[tuple[str, str, str | int]]
 
 #: One expert's projection in a checkpoint, ``...experts.<e>.<proj>.weight``, or every
 #: expert's stacked in one tensor (GGUF), ``...experts.<proj>.weight``.
-_EXPERT = re.compile(r"\.experts\.(?:(\d+)\.)?(\w+)\.weight$")
+#: A natively run GGUF expert tensor arrives as its blocks, ``...experts.<proj>.gguf_q``
+#: (and ``gguf_scales``, ``gguf_zeros``), for ``w13_gguf_q`` ...
+#: (:mod:`glowlm.layers.quantization.moe`).
+_EXPERT = re.compile(r"\.experts\.(?:(\d+)\.)?(\w+?)\.(weight|gguf_q|gguf_scales|gguf_zeros)$")
 
 
 class CausalLM(nn.Module):
@@ -57,15 +60,17 @@ class CausalLM(nn.Module):
         return name
 
     def load_weights(self, weights: Iterable[tuple[str, Callable[[], torch.Tensor]]],
-                     progress: Callable[[], None] | None = None) -> set[str]:
+                     progress: Callable[[], None] | None = None,
+                     loaded: set[str] | None = None) -> set[str]:
         """Copy checkpoint tensors into parameters, one tensor in memory at a time.
 
         ``weights`` yields ``(name, load)`` where ``load()`` reads that tensor only
-        when it is needed. Returns the parameter names that were filled; the
-        caller checks nothing is missing.
+        when it is needed. Returns the parameter names that were filled (``loaded``,
+        when given, is filled as the tensors arrive: the loader repacks each quantized
+        layer once it is complete); the caller checks nothing is missing.
         """
         params = dict(self.named_parameters(remove_duplicate=False))
-        loaded: set[str] = set()
+        loaded = set() if loaded is None else loaded
         for raw_name, load in weights:
             if progress:
                 progress()
@@ -75,9 +80,9 @@ class CausalLM(nn.Module):
             expert = _expert_target(name, params)
             if expert is not None:
                 target, (index, part) = expert
-                params[target].weight_loader(params[target], load(), (index, part))
-                every = range(params[target].shape[0]) if index is None else (index,)
-                loaded.update(f"{target}#{e}.{part}" for e in every)
+                # The local experts it filled (expert parallelism holds a rank's own).
+                filled = params[target].weight_loader(params[target], load(), (index, part))
+                loaded.update(f"{target}#{e}.{part}" for e in filled)
                 continue
             for fused, part, shard in self.stacked_params:
                 if f".{part}." in name:
@@ -102,6 +107,11 @@ class CausalLM(nn.Module):
                                              f"{tuple(param.shape)}")
                     param.data.copy_(tensor)
                 loaded.add(name)
+                # A fused checkpoint tensor (Phi-3's qkv_proj, gate_up_proj) fills every
+                # shard of its parameter; the linear's loader splits it under TP.
+                head = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+                loaded.update(f"{name}#{shard}" for f, _, shard in self.stacked_params
+                              if f == head)
         return loaded
 
     def expected_names(self) -> set[str]:
@@ -135,7 +145,8 @@ def _expert_target(name: str, params: dict[str, torch.Tensor]
     part = EXPERT_PARTS.get(m[2])
     if part is None:
         return None
-    target = f"{name[:m.start()]}.experts.{'w2' if part == 'down' else 'w13'}"
+    suffix = "" if m[3] == "weight" else f"_{m[3]}"
+    target = f"{name[:m.start()]}.experts.{'w2' if part == 'down' else 'w13'}{suffix}"
     return (target, (None if m[1] is None else int(m[1]), part)) if target in params else None
 
 

@@ -54,7 +54,7 @@ from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from glowlm.layers.fused import FusedLayer, FusedStack, projection_weights
 from glowlm.layers.linear import QKVParallelLinear, RowParallelLinear
-from glowlm.layers.rotary import RotaryEmbedding
+from glowlm.layers.rotary import RotaryEmbedding, max_positions, rotary_dim
 from glowlm.models.base import CausalLM, prune_rows
 from glowlm.models.kinds import (
     HEAD_KINDS,
@@ -169,7 +169,7 @@ class DecoderAttention(nn.Module):
         self.kv_size = max(1, self.num_kv_heads // tp) * self.head_size
         # Llama's `attention_bias` covers q, k, v and o; Qwen2 always has q, k, v biases
         # and never an o bias.
-        config_bias = bool(getattr(config, "attention_bias", False))
+        config_bias = bool(getattr(config, spec.bias_key, False))
         qkv_bias = config_bias if spec.qkv_bias is None else spec.qkv_bias
         o_bias = config_bias if spec.o_bias is None else spec.o_bias
         self.qkv_proj = QKVParallelLinear(hidden, self.head_size, self.num_heads,
@@ -181,7 +181,7 @@ class DecoderAttention(nn.Module):
         #: q/k norms over the whole projection rather than each head
         self.qk_norm_projection = spec.qk_norm == "projection"
         if spec.qk_norm is not None:
-            norm, eps = NORM_KINDS[spec.norm], config.rms_norm_eps
+            norm, eps = NORM_KINDS[spec.norm], spec.norm_eps(config)
             q_size, kv_size = self.head_size, self.head_size
             if self.qk_norm_projection:
                 if tp > 1:  # the mean square would need the other ranks' heads
@@ -192,8 +192,9 @@ class DecoderAttention(nn.Module):
             self.k_norm = norm(kv_size, eps, parts, f"{prefix}.k_norm")
         scale = (spec.query_scale(config, self.head_size) if spec.query_scale is not None
                  else self.head_size ** -0.5)
+        cap = spec.attn_softcap(config) if spec.attn_softcap is not None else None
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_size, float(scale),
-                              index, parts, window)
+                              index, parts, window, float(cap) if cap else None)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -227,21 +228,25 @@ class DecoderLayer(nn.Module):
         self._roles: dict[str, str] = {}
         norm = NORM_KINDS[spec.norm]
         for role, name in spec.norms.names():
-            setattr(self, name, norm(config.hidden_size, config.rms_norm_eps, parts,
+            setattr(self, name, norm(config.hidden_size, spec.norm_eps(config), parts,
                                      f"{prefix}.{name}"))
             self._roles[role] = name
         self.residual_scale = config_number(spec.residual_scale, config)
         form = FUSED_FORMS[spec.fused] if spec.fused is not None else None
         # A form describes rotary layers with a gated MLP, norms before both branches and
-        # unscaled residual adds only, and a window only where it carries one per layer;
-        # other layers run their modules.
+        # unscaled residual adds only, and uncapped attention scores; other layers run
+        # their modules. A form without per-layer windows attends to the whole context,
+        # so a windowed layer runs it only in steps within the window (FusedLayer.fits).
         applies = (form is not None and rotary is not None and self.residual_scale is None
                    and not self.self_attn.qk_norm_projection
+                   and self.self_attn.attn.spec.logits_soft_cap is None
                    and hasattr(self.mlp, "fused_parts") and "pre_attn" in self._roles
-                   and "pre_mlp" in self._roles and (form.per_layer_window or window is None))
+                   and "pre_mlp" in self._roles)
         describe = form.describe if form is not None else None
         self.fused = FusedLayer(form.layer_op(parts.ops) if form is not None else None, parts,
-                                applies, lambda: describe(self))  # type: ignore[misc]
+                                applies, lambda: describe(self),  # type: ignore[misc]
+                                window=None if form is None or form.per_layer_window
+                                else window)
 
     def norm(self, role: str) -> Any:
         """The norm in ``role`` (``pre_attn``, ``post_attn``, ``pre_mlp``, ``post_mlp``) or None."""
@@ -253,7 +258,7 @@ class DecoderLayer(nn.Module):
                 keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(branch output, residual)``. ``keep``: the token rows to carry past attention
         (see CausalLM.forward)."""
-        if self.fused.fn is not None and keep is None:
+        if self.fused.runs and keep is None and self.fused.fits(metadata):
             attn = self.self_attn.attn
             out = self.fused.fn(positions, x, residual, self.fused.weights(),
                                 kv_caches[attn.layer_index], metadata, attn.spec)
@@ -307,6 +312,11 @@ class DecoderModel(nn.Module):
         self.layer_types = spec.layer_types(config)
         head = getattr(config, "head_dim", None) or h // config.num_attention_heads
         rotary: dict[str, RotaryEmbedding] = {}
+        trained = int(config.max_position_embeddings)
+        # The context the engine serves fixes the length-dependent scalings (dynamic NTK,
+        # LongRoPE's factor set); the table covers it and the positions the scaling serves.
+        context = parts.max_model_len or max_positions(config, trained)
+        positions = max(trained, context)
 
         def layer(i: int) -> DecoderLayer:
             settings = spec.rope(config, i, self.layer_types[i])
@@ -314,13 +324,17 @@ class DecoderModel(nn.Module):
             if settings is not None:
                 key = _rope_key(settings)
                 if key not in rotary:
-                    rotary[key] = RotaryEmbedding(head, head, config.max_position_embeddings,
-                                                  settings[0], True, settings[1], parts)
+                    rotary[key] = RotaryEmbedding(head, rotary_dim(config, head), positions,
+                                                  settings[0], True, settings[1], parts,
+                                                  trained_positions=trained,
+                                                  context_len=context)
                 table = rotary[key]
             window = getattr(config, "sliding_window", None) \
                 if self.layer_types[i] == SLIDING else None
-            return DecoderLayer(config, i, parts, f"model.layers.{i}", spec, table,
-                                int(window) if window else None)
+            # A window as long as the served context hides no key (a query at q sees
+            # p > q - window): the layer attends in full and keeps the fused forms.
+            window = int(window) if window and int(window) < context else None
+            return DecoderLayer(config, i, parts, f"model.layers.{i}", spec, table, window)
 
         self.parallel = parts.parallel
         # A pipeline stage builds its own layers only (placeholders keep indices global).
@@ -332,7 +346,7 @@ class DecoderModel(nn.Module):
                                 [la.fused for la in self.own],
                                 [la.self_attn.attn for la in self.own],
                                 per_layer_window=form is not None and form.per_layer_window)
-        self.norm = NORM_KINDS[spec.norm](h, config.rms_norm_eps, parts, "model.norm")
+        self.norm = NORM_KINDS[spec.norm](h, spec.norm_eps(config), parts, "model.norm")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata,

@@ -58,7 +58,7 @@ class GPT2Block(nn.Module):
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata, keep: torch.Tensor | None = None) -> torch.Tensor:
         """``keep``: the token rows to carry past attention (see CausalLM.forward)."""
-        if self.fused.fn is not None and keep is None:
+        if self.fused.runs and keep is None:
             out = self.fused.fn(x, self.fused.weights(), kv_caches[self.attn.layer_index],
                                 metadata, self.attn.spec)
             if out is not None:
@@ -114,11 +114,12 @@ class GPT2LMHeadModel(CausalLM):
         return name.replace(".attn.c_attn", ".c_attn").replace(".attn.c_proj", ".c_proj") \
             .replace(".mlp.c_fc", ".c_fc").replace(".mlp.c_proj", ".mlp_proj")
 
-    def load_weights(self, weights, progress=None):  # type: ignore[override]
+    def load_weights(self, weights, progress=None, loaded=None):  # type: ignore[override]
         # HF GPT-2 stores linear weights as Conv1D ([in, out]); ours are [out, in].
         def transposed(name: str, load):  # noqa: ANN001
             if name.endswith(_CONV1D):
                 return lambda: load().t()
             return load
 
-        return super().load_weights(((n, transposed(n, ld)) for n, ld in weights), progress)
+        return super().load_weights(((n, transposed(n, ld)) for n, ld in weights), progress,
+                                    loaded)

@@ -16,11 +16,15 @@ import torch
 from torch import nn
 
 from glowlm.errors import ModelLoadError, PluginError
-from glowlm.layers.activation import GatedActivation
+from glowlm.layers.activation import Activation, GatedActivation
 from glowlm.layers.context import ModelParts
 from glowlm.layers.embedding import ParallelLMHead
-from glowlm.layers.linear import MergedColumnParallelLinear, RowParallelLinear
-from glowlm.layers.norm import GemmaRMSNorm, RMSNorm
+from glowlm.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+)
+from glowlm.layers.norm import GemmaRMSNorm, LayerNorm, RMSNorm
 from glowlm.models.spec import DecoderSpec, config_number
 
 
@@ -38,9 +42,26 @@ def _register(table: dict[str, Any], what: str, name: str, factory: Any) -> None
 #: (``norm(x)`` or ``norm(x, residual) -> (normed, x + residual)``).
 NormFactory = Callable[[int, float, ModelParts, str], nn.Module]
 
+class ResidualLayerNorm(LayerNorm):
+    """LayerNorm with a bias (Starcoder2's) in RMSNorm's call convention: with a
+    residual, ``(norm(x + residual), x + residual)``, the sum rounded to the model dtype
+    as transformers' ``residual + hidden`` is."""
+
+    def __init__(self, size: int, eps: float, parts: ModelParts, prefix: str) -> None:
+        super().__init__(size, eps, parts)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return super().forward(x)
+        x = x + residual
+        return super().forward(x), x
+
+
 NORM_KINDS: dict[str, NormFactory] = {
     "rms": lambda size, eps, parts, prefix: RMSNorm(size, eps, parts),
     "gemma_rms": GemmaRMSNorm,
+    "layer": ResidualLayerNorm,
 }
 
 
@@ -88,7 +109,29 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
-MLP_KINDS: dict[str, MlpFactory] = {"gated": GatedMLP}
+class PlainMLP(nn.Module):
+    """``c_proj(act(c_fc(x)))`` (Starcoder2): one up projection, no gate, biases where
+    the config's :attr:`~glowlm.models.spec.DecoderSpec.bias_key` says."""
+
+    def __init__(self, config: Any, parts: ModelParts, prefix: str, spec: DecoderSpec) -> None:
+        super().__init__()
+        inter, bias = config.intermediate_size, bool(getattr(config, spec.bias_key, False))
+        self.c_fc = ColumnParallelLinear(config.hidden_size, [inter], bias, parts,
+                                         f"{prefix}.c_fc")
+        self.c_proj = RowParallelLinear(inter, config.hidden_size, bias, parts,
+                                        f"{prefix}.c_proj")
+        act = next((v for k in spec.activation_keys if (v := getattr(config, k, None))),
+                   spec.default_activation)
+        if spec.activations is not None and act not in spec.activations:
+            raise ModelLoadError(f"{spec.activation_keys[0]} {act!r} is not supported for this "
+                                 f"architecture (supported: {', '.join(spec.activations)})")
+        self.act = Activation(act, parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+MLP_KINDS: dict[str, MlpFactory] = {"gated": GatedMLP, "plain": PlainMLP}
 
 
 def register_mlp_kind(name: str, factory: MlpFactory) -> None:

@@ -63,7 +63,7 @@ class OPTDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata, keep: torch.Tensor | None = None) -> torch.Tensor:
         """``keep``: the token rows to carry past attention (see CausalLM.forward)."""
-        if self.fused.fn is not None and keep is None:
+        if self.fused.runs and keep is None:
             out = self.fused.fn(x, self.fused.weights(), kv_caches[self.attn.layer_index],
                                 metadata, self.attn.spec)
             if out is not None:

@@ -25,10 +25,23 @@ _MODELS: dict[str, str] = {
     "GraniteForCausalLM": "glowlm.models.granite:GraniteForCausalLM",
     "SmolLM3ForCausalLM": "glowlm.models.smollm3:SmolLM3ForCausalLM",
     "Olmo2ForCausalLM": "glowlm.models.olmo2:Olmo2ForCausalLM",
+    "Phi3ForCausalLM": "glowlm.models.phi3:Phi3ForCausalLM",
+    "Gemma2ForCausalLM": "glowlm.models.gemma2:Gemma2ForCausalLM",
+    "Starcoder2ForCausalLM": "glowlm.models.starcoder2:Starcoder2ForCausalLM",
     "Qwen3MoeForCausalLM": "glowlm.models.moe:Qwen3MoeForCausalLM",
     "Qwen2MoeForCausalLM": "glowlm.models.moe:Qwen2MoeForCausalLM",
     "MixtralForCausalLM": "glowlm.models.moe:MixtralForCausalLM",
     "OlmoeForCausalLM": "glowlm.models.moe:OlmoeForCausalLM",
+    # Pooling models (embeddings, scores): docs/pooling.md.
+    "BertModel": "glowlm.models.bert:BertModel",
+    "BertForSequenceClassification": "glowlm.models.bert:BertForSequenceClassification",
+    "XLMRobertaModel": "glowlm.models.bert:XLMRobertaModel",
+    "XLMRobertaForSequenceClassification":
+        "glowlm.models.bert:XLMRobertaForSequenceClassification",
+    "Qwen3Model": "glowlm.models.pooling:Qwen3Model",
+    "Qwen2Model": "glowlm.models.pooling:Qwen2Model",
+    "Qwen3ForSequenceClassification": "glowlm.models.pooling:Qwen3ForSequenceClassification",
+    "Qwen2ForSequenceClassification": "glowlm.models.pooling:Qwen2ForSequenceClassification",
 }
 
 

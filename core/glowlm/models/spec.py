@@ -41,6 +41,17 @@ def all_full(config: Any) -> list[str]:
     return [FULL] * config.num_hidden_layers
 
 
+def sliding_if_set(config: Any) -> list[str]:
+    """Every layer within ``config.sliding_window`` when it is set, else every layer full
+    (Phi-3 and Starcoder2, whose attention passes the window to every layer)."""
+    window = getattr(config, "sliding_window", None)
+    return [SLIDING if window else FULL] * config.num_hidden_layers
+
+
+def rms_norm_eps(config: Any) -> float:
+    return float(config.rms_norm_eps)
+
+
 def layer_types(config: Any) -> list[str]:
     """``sliding_attention`` / ``full_attention`` per layer: ``config.layer_types``, or
     the older ``sliding_window_pattern`` (every n-th layer global, the rest local)."""
@@ -55,6 +66,20 @@ def layer_types(config: Any) -> list[str]:
         raise ModelLoadError(f"config layer_types must list {n} of {SLIDING!r} / {FULL!r}, "
                              f"got {types!r}")
     return types
+
+
+def windowed_layers(config: Any) -> list[str]:
+    """Qwen2's rule: ``config.layer_types`` where the config lists them (transformers
+    derives them from ``use_sliding_window`` and ``max_window_layers``), else the same
+    rule from those fields; without ``use_sliding_window`` every layer is full."""
+    if getattr(config, "layer_types", None):
+        return layer_types(config)
+    n = config.num_hidden_layers
+    if not (getattr(config, "use_sliding_window", False)
+            and getattr(config, "sliding_window", None)):
+        return [FULL] * n
+    first = int(getattr(config, "max_window_layers", n) or 0)
+    return [SLIDING if i >= first else FULL for i in range(n)]
 
 
 def rope_for(config: Any, layer_type: str) -> tuple[float, dict[str, Any] | None]:
@@ -119,25 +144,34 @@ class DecoderSpec:
     (and those keep the fused paths).
     """
 
-    #: The norm's formula, a :data:`NORM_KINDS` key (``"rms"``; ``"gemma_rms"``: ``1 + w``).
+    #: The norm's formula, a :data:`NORM_KINDS` key (``"rms"``; ``"gemma_rms"``: ``1 + w``;
+    #: ``"layer"``: LayerNorm with a bias).
     norm: str = "rms"
     #: Where the norms sit and what the checkpoint calls them.
     norms: NormPlacement = PRE_NORM
-    #: q/k/v and o biases; None: ``config.attention_bias``.
+    #: The norms' epsilon from the config (``rms_norm_eps``; Starcoder2: ``norm_epsilon``).
+    norm_eps: Callable[[Any], float] = rms_norm_eps
+    #: q/k/v and o biases; None: the config field :attr:`bias_key` names.
     qkv_bias: bool | None = None
     o_bias: bool | None = None
+    #: The config field that sets the projections' biases (Starcoder2: ``use_bias``).
+    bias_key: str = "attention_bias"
     #: Norms of q and k before rotary, in :attr:`norm`'s kind: ``"head"`` over each head
     #: (Qwen3, Gemma 3), ``"projection"`` over the whole q and k projections (OLMo 2).
     qk_norm: str | None = None
     #: The attention scale ``f(config, head_size)``; None: ``head_size ** -0.5``.
     query_scale: Callable[[Any, int], float] | None = None
+    #: Scaled attention scores soft-capped, ``cap * tanh(s / cap)`` (Gemma 2's
+    #: ``attn_logit_softcapping``); None or 0: not capped.
+    attn_softcap: ConfigNumber | None = None
     #: Per-layer ``sliding_attention`` / ``full_attention``; a sliding layer attends
     #: within ``config.sliding_window``.
     layer_types: Callable[[Any], list[str]] = all_full
     #: Per-layer rotary settings (None: that layer has no rotary positions). Layers with
     #: equal settings share one cos/sin table.
     rope: RopeFn = single_rope
-    #: The feed-forward block, a :data:`MLP_KINDS` key.
+    #: The feed-forward block, a :data:`MLP_KINDS` key (``"gated"``: gate/up/down;
+    #: ``"plain"``: ``c_proj(act(c_fc(x)))``, Starcoder2's).
     mlp: str = "gated"
     #: Config fields naming the gated MLP's activation, first set wins, and the default.
     activation_keys: tuple[str, ...] = ("hidden_act",)

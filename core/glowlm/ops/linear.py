@@ -108,9 +108,19 @@ def _onednn_apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+def _onednn_bf16() -> bool:
+    """Whether oneDNN runs bf16 here: it refuses bf16 weights on CPUs without AVX-512
+    (BW/VL/DQ) or AVX-NE-CONVERT (an AVX2-only Zen 2/3, for instance)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def _onednn_supports(layer: nn.Module) -> bool:
     w = getattr(layer, "weight", None)
     return (isinstance(w, torch.Tensor) and w.dim() == 2 and w.dtype in _ONEDNN_DTYPES
+            and (w.dtype != torch.bfloat16 or _onednn_bf16())
             and (w.is_mkldnn or w.layout == torch.strided))
 
 

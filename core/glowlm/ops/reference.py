@@ -8,6 +8,8 @@ because that is what the models were trained with and what transformers does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -98,6 +100,10 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x)
 
 
+#: The activations a MoE layer's experts take between gate|up and down.
+MOE_ACTIVATIONS = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+
+
 def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax-then-top-k routing, as transformers' Mixtral/Qwen-MoE/OLMoE routers do it.
@@ -125,20 +131,65 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     ascending expert order, each product scaled by its routing weight and added into the
     output in ``x``'s dtype — the order and rounding of transformers' expert loop.
     """
-    act = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}[activation]
+    act = MOE_ACTIVATIONS[activation]
     out = torch.zeros_like(x)
+    for expert, rows, weights in routed_groups(topk_weights, topk_ids, w13.shape[0]):
+        h = act(F.linear(x[rows], w13[expert]))
+        y = F.linear(h, w2[expert]) * weights[:, None].to(h.dtype)
+        out.index_add_(0, rows, y.to(out.dtype))
+    return out
+
+
+def routed_groups(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int
+                  ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """``(expert, token rows, routing weights)`` of every expert some token chose, in
+    ascending expert order (tokens in their order): the grouping every implementation
+    of the experts over torch matmuls shares (this reference, GGUF's quantized experts)."""
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
     token_of = order // topk_ids.shape[1]
     weight_of = topk_weights.reshape(-1)[order]
     start = 0
     for expert, count in enumerate(counts):
-        if not count:
-            continue
-        rows = token_of[start:start + count]
-        h = act(F.linear(x[rows], w13[expert]))
-        y = F.linear(h, w2[expert]) * weight_of[start:start + count, None].to(h.dtype)
-        out.index_add_(0, rows, y.to(out.dtype))
-        start += count
-    return out
+        if count:
+            yield expert, token_of[start:start + count], weight_of[start:start + count]
+            start += count
+
+
+def lora_row_slots(groups: list[tuple[int, torch.Tensor | None]], n: int) -> torch.Tensor:
+    """The slot of each of ``n`` rows (-1: none) from ``groups``, as compiled LoRA ops take
+    them (int64)."""
+    slots = torch.full((n,), -1, dtype=torch.int64)
+    for slot, rows in groups:
+        if rows is None:
+            slots.fill_(slot)
+        else:
+            slots[rows] = slot
+    return slots
+
+
+def lora_shrink_expand(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                       groups: list[tuple[int, torch.Tensor | None]],
+                       slots: torch.Tensor | None = None) -> torch.Tensor:
+    """``y`` plus each group's low-rank update: for ``(slot, rows)`` in ``groups``,
+    ``y[rows] += (x[rows] @ a[slot].T) @ b[slot].T`` (``rows`` None: every row).
+    ``slots``: the same as one slot per row (:func:`lora_row_slots`), precomputed once per
+    step for compiled ops; this reference reads ``groups`` only.
+
+    ``x``: [n, in], ``y``: [n, out], ``a``: [slots, k, in], ``b``: [slots, out, k]
+    (:class:`glowlm.lora.slots.LoRASlots`). Returns a new tensor (``y`` may be a buffer a
+    kernel reuses), in ``y``'s dtype. The contract every platform's LoRA op is tested
+    against (``glowlm.testing.contract.check_lora``).
+    """
+    out: torch.Tensor | None = None
+    for slot, rows in groups:
+        xs = x if rows is None else x.index_select(0, rows)
+        d = torch.mm(torch.mm(xs.to(a.dtype), a[slot].t()), b[slot].t()).to(y.dtype)
+        if rows is None:
+            out = y + d if out is None else out.add_(d)
+        elif out is None:
+            out = y.index_add(0, rows, d)
+        else:
+            out.index_add_(0, rows, d)
+    return y if out is None else out

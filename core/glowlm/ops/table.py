@@ -31,6 +31,9 @@ class OpsTable:
     dense_linear: Callable = reference.dense_linear
     #: A mixture-of-experts MLP's routed experts (``reference.fused_moe``'s signature).
     fused_moe: Callable = reference.fused_moe
+    #: LoRA adapters' updates after a linear layer's base matmul
+    #: (``reference.lora_shrink_expand``'s signature; :mod:`glowlm.lora.slots`).
+    lora_shrink_expand: Callable = reference.lora_shrink_expand
     #: A whole pre-LayerNorm decoder layer (OPT, GPT-2): ``glowlm.ops.fused.LnDecoderLayerFn``.
     ln_decoder_layer: Callable | None = None
     #: A whole RMSNorm decoder layer (Llama family): ``glowlm.ops.fused.RmsDecoderLayerFn``.

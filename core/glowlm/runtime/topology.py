@@ -244,6 +244,15 @@ def has_affinity() -> bool:
     return hasattr(os, "sched_getaffinity") and hasattr(os, "sched_setaffinity")
 
 
+def usable_cpu_count() -> int:
+    """How many CPUs this process may run on: its affinity mask where the OS has one
+    (Linux), else ``os.cpu_count()`` (macOS has no affinity API: the scheduler places
+    threads, and :mod:`glowlm.runtime.binding` sets thread counts only)."""
+    if has_affinity():
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _sysfs_present(root: Path) -> bool:
     return (root / "devices/system/cpu").is_dir()
 

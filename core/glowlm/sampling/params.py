@@ -28,6 +28,8 @@ class SamplingParams:
     the prompt's last k tokens; -1: as many as the context holds) and
     ``structured_outputs`` (a grammar the output must match, applied as a token
     mask: see :mod:`glowlm.sampling.structured`).
+    ``logprobs_after_temperature=True`` reports logprobs of the temperature-scaled
+    distribution instead (what beam search ranks by).
     """
 
     n: int = 1
@@ -53,6 +55,10 @@ class SamplingParams:
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    #: Logprobs from the temperature-scaled distribution (``log_softmax(logits / T)``)
+    #: instead of the raw one: beam search scores its candidates this way when
+    #: ``temperature > 0`` (glowlm.entrypoints.beam_search); greedy rows are unaffected.
+    logprobs_after_temperature: bool = False
     #: The most logprobs / prompt_logprobs allowed: vLLM's default 20; the server passes
     #: its --max-logprobs.
     max_logprobs: int = field(default=20, repr=False)
@@ -188,3 +194,38 @@ class StructuredOutputsParams:
                 isinstance(c, str) and c for c in self.choice)):
             raise RequestError("structured_outputs.choice must be a non-empty list of "
                                "non-empty strings")
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's ``BeamSearchParams``: the settings of :meth:`glowlm.LLM.beam_search`.
+
+    ``beam_width`` hypotheses are kept at every step, each expanded by its
+    ``2 * beam_width`` most likely next tokens; a hypothesis ends at an EOS token
+    (unless ``ignore_eos``) or after ``max_tokens`` generated tokens. Candidates are
+    ranked by cumulative log-probability (of ``log_softmax(logits / temperature)``
+    when ``temperature > 0``); finished ones by ``cum_logprob / len ** length_penalty``
+    with ``len`` the generated tokens, the EOS included (transformers' rule).
+    ``include_stop_str_in_output`` keeps a finishing EOS token in the returned tokens
+    and text.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise RequestError(f"{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.temperature, int | float) or self.temperature < 0:
+            raise RequestError(f"temperature must be >= 0, got {self.temperature!r}")
+        if (not isinstance(self.length_penalty, int | float)
+                or self.length_penalty != self.length_penalty
+                or abs(self.length_penalty) == float("inf")):
+            raise RequestError(f"length_penalty must be a finite number, got "
+                               f"{self.length_penalty!r}")

@@ -11,7 +11,8 @@ the others race exponential noise (``argmax(p / E)``, ``E ~ Exp(1)``), which
 samples exactly from ``p``. Seeded rows draw their noise from a counter-based
 hash of (seed, completion index, output position, token id), so a seeded
 request gets the same tokens alone or in any batch. Logprobs come from the raw
-model distribution, before any processing.
+model distribution, before any processing (rows that ask,
+``SamplingParams.logprobs_after_temperature``: the raw logits over the temperature).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class SamplingBatch:
     bias_ids: torch.Tensor | None = None     # [B] int64
     bias_values: torch.Tensor | None = None  # [B] float32
     max_logprobs: int = -1                   # -1: no row wants logprobs
+    #: [R] bool: rows whose logprobs come from ``logits / temperature`` (beam search),
+    #: None when every row reports the raw distribution.
+    scaled_logprobs: torch.Tensor | None = None
     greedy: bool | None = None               # all rows greedy, if the builder knows it
 
     @property
@@ -192,7 +196,12 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         token_ids = torch.where(b.temperature > 0, sampled, greedy_ids)
     out = SamplerOutput(token_ids)
     if b.max_logprobs >= 0:
-        logp = raw.log_softmax(dim=-1)
+        source = raw
+        if b.scaled_logprobs is not None:
+            scale = torch.where(b.scaled_logprobs & (b.temperature > 0), b.temperature,
+                                torch.ones_like(b.temperature))
+            source = raw / scale[:, None]
+        logp = source.log_softmax(dim=-1)
         chosen = logp.gather(1, token_ids[:, None]).squeeze(1)
         out.logprobs = chosen
         out.ranks = (logp > chosen[:, None]).sum(dim=-1) + 1

@@ -32,12 +32,14 @@ FLOORS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("parallel", "the parallel state and the collectives layers call",
      ("glowlm.distributed",)),
     ("layers", "linear/attention/norm/rotary layers, quantization methods, the measured "
-     "linear choice, sampling", ("glowlm.layers", "glowlm.sampling")),
+     "linear choice, sampling, LoRA slots", ("glowlm.layers", "glowlm.sampling",
+                                             "glowlm.lora.slots", "glowlm.lora.weights",
+                                             "glowlm.lora.request")),
     ("models", "the model families, declared on shared decoders", ("glowlm.models",)),
     ("loader", "finding, reading and mapping checkpoints (safetensors, GGUF)",
-     ("glowlm.model_loader",)),
+     ("glowlm.model_loader", "glowlm.lora.adapter")),
     ("engine", "one engine: setup and memory plan, scheduler, block manager, runner",
-     ("glowlm.engine",)),
+     ("glowlm.engine", "glowlm.lora")),
     ("ranks", "processes: tensor/pipeline ranks, other hosts, data-parallel engines",
      ("glowlm.executor",)),
     ("entrypoints", "the server, the CLI, the offline API, benchmarks, test helpers, the "

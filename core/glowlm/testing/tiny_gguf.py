@@ -24,7 +24,8 @@ import torch
 #: HF model_type -> GGUF general.architecture.
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe",
-             "mixtral": "llama"}
+             "mixtral": "llama", "gemma2": "gemma2", "starcoder2": "starcoder2",
+             "phi3": "phi3"}
 _LAYER = {
     "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -45,6 +46,11 @@ _GEMMA_LAYER = {**_LAYER, "post_attention_layernorm": "post_attention_norm",
                 "pre_feedforward_layernorm": "ffn_norm",
                 "post_feedforward_layernorm": "post_ffw_norm"}
 
+_STARCODER2_LAYER = {**_LAYER, "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+_PHI3_LAYER = {**_LAYER, "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+_TABLES = {"gemma3": _GEMMA_LAYER, "gemma2": _GEMMA_LAYER, "starcoder2": _STARCODER2_LAYER,
+           "phi3": _PHI3_LAYER}
+
 
 def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2) \
@@ -54,8 +60,8 @@ def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 def _gguf_name(arch: str, name: str) -> str | None:
     if name == "model.embed_tokens.weight":
         return "token_embd.weight"
-    if name == "model.norm.weight":
-        return "output_norm.weight"
+    if name in ("model.norm.weight", "model.norm.bias"):
+        return f"output_norm.{name.rsplit('.', 1)[1]}"
     if name == "lm_head.weight":
         return "output.weight"
     parts = name.split(".")
@@ -63,8 +69,29 @@ def _gguf_name(arch: str, name: str) -> str | None:
         return None
     layer, rest = parts[2], ".".join(parts[3:])
     stem, _, suffix = rest.rpartition(".")
-    table = _GEMMA_LAYER if arch == "gemma3" else _LAYER
+    table = _TABLES.get(arch, _LAYER)
     return f"blk.{layer}.{table[stem]}.{suffix}" if stem in table else None
+
+
+def _llama3_divisors(rope: dict[str, Any], head_dim: int, theta: float) -> np.ndarray:
+    """The ``rope_freqs`` tensor llama.cpp's converter writes for ``llama3`` scaling:
+    per frequency 1 (short wavelengths), ``factor`` (long ones) or the blend's divisor."""
+    import math
+
+    factor, low = float(rope["factor"]), float(rope.get("low_freq_factor", 1.0))
+    high = float(rope.get("high_freq_factor", 4.0))
+    old = float(rope["original_max_position_embeddings"])
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
 
 
 def write_tiny_gguf(model_dir: str | Path, out: str | Path,
@@ -90,20 +117,43 @@ def write_tiny_gguf(model_dir: str | Path, out: str | Path,
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch == "starcoder2":
+        w.add_layer_norm_eps(cfg["norm_epsilon"])
+    else:
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     rope = cfg.get("rope_parameters") or {}
     theta = rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0
-    if arch == "gemma3":
+    if arch in ("gemma3", "gemma2"):
         theta = (rope.get("full_attention") or {}).get("rope_theta", theta)
         w.add_sliding_window(cfg["sliding_window"])
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+        if arch == "gemma2":
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     elif arch == "qwen3":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    elif arch == "phi3":  # llama.cpp's: LongRoPE factors as tensors, the rest as keys
+        w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        if cfg.get("sliding_window"):
+            w.add_sliding_window(cfg["sliding_window"])
+        if rope.get("rope_type") == "longrope":
+            w.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+            for which in ("long", "short"):
+                w.add_tensor(f"rope_factors_{which}.weight",
+                             np.asarray(rope[f"{which}_factor"], dtype=np.float32))
     else:
         w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(float(theta))
+    kind = rope.get("rope_type", "default") if "rope_theta" in rope else "default"
+    if kind == "llama3":  # llama.cpp's converter: one divisor per frequency, as a tensor
+        w.add_tensor("rope_freqs.weight", _llama3_divisors(rope, head_dim, float(theta)))
+    if kind in ("linear", "yarn"):  # as llama.cpp's converter writes them
+        w.add_rope_scaling_type(gguf.RopeScalingType(kind))
+        w.add_rope_scaling_factor(float(rope["factor"]))
+        if kind == "yarn":
+            w.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
     experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
     if experts:
         w.add_expert_count(experts)
@@ -126,15 +176,17 @@ def write_tiny_gguf(model_dir: str | Path, out: str | Path,
             t = _permute(t, heads)
         elif arch == "llama" and ".attn_k." in gname:
             t = _permute(t, kv)
-        if arch == "gemma3" and gname.endswith("norm.weight"):
+        if arch in ("gemma3", "gemma2") and gname.endswith("norm.weight"):
             t = t + 1.0
         data = t.numpy()
         kind_name = qtype(gname) if callable(qtype) else qtype
         if gname.endswith("ffn_gate_inp_shexp.weight"):
             data = data.reshape(-1)  # llama.cpp writes the [1, hidden] gate as a vector
-        if kind_name != "F32" and data.ndim == 2:
+        if kind_name != "F32" and data.ndim in (2, 3):
+            # Stacked experts [experts, out, in]: every row quantized, then restacked.
             kind = gguf.GGMLQuantizationType[kind_name]
-            w.add_tensor(gname, quantize(data, kind_name), raw_dtype=kind)
+            blocks = quantize(data.reshape(-1, data.shape[-1]), kind_name)
+            w.add_tensor(gname, blocks.reshape(*data.shape[:-1], -1), raw_dtype=kind)
         else:
             w.add_tensor(gname, np.ascontiguousarray(data, dtype=np.float32))
     w.write_header_to_file()

@@ -19,7 +19,15 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
 #: (glowlm/models/gemma3.py); the tiny Granite's multipliers keep its layers on their
 #: modules (glowlm/models/granite.py), and so do SmolLM3's layers without rotary and
 #: OLMo 2's post-branch norms.
-ALL_ARCHITECTURES = (*ARCHITECTURES, "gemma3", "granite", "smollm3", "olmo2")
+ALL_ARCHITECTURES = (*ARCHITECTURES, "gemma3", "granite", "smollm3", "olmo2", "phi3", "gemma2",
+                     "starcoder2")
+#: Long-context checkpoints (glowlm/layers/rope_scaling.py), each trained on
+#: ``LONG_TRAINED`` positions and scaled to serve ``LONG_SERVED``: Llama with Llama 3.1's,
+#: linear and dynamic NTK scaling, Qwen2 with YaRN; the tiny Phi-3 has LongRoPE.
+LONG_CONTEXT = ("llama3_long", "llama_linear", "llama_dynamic", "qwen2_yarn", "phi3")
+LONG_TRAINED, LONG_SERVED = 256, 4096
+#: The tiny Phi-3's and Starcoder2's window over every layer.
+WINDOW = 48
 #: Mixture-of-experts checkpoints (glowlm/models/moe.py): 8 experts, 2 per token.
 MOE_ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 #: The tiny Gemma 3's local layers' window: prompts of a few dozen tokens outrun it,
@@ -124,12 +132,54 @@ def hf_config(arch: str, **overrides: Any) -> Any:
         cfg = tf.OlmoeConfig(**{**llama_like, "intermediate_size": 32}, num_experts=8,
                              num_experts_per_tok=2, norm_topk_prob=False,
                              tie_word_embeddings=False)
+    elif arch == "phi3":
+        # LongRoPE on half of each head (Phi-4-mini's partial rotary), a window on every
+        # layer, untied head; factors differ per frequency and between the two sets.
+        half = (llama_like["hidden_size"] // llama_like["num_attention_heads"]) // 4
+        cfg = tf.Phi3Config(**{**llama_like, "max_position_embeddings": LONG_SERVED},
+                            original_max_position_embeddings=LONG_TRAINED,
+                            partial_rotary_factor=0.5, sliding_window=WINDOW,
+                            tie_word_embeddings=False, rope_scaling={
+                                "rope_type": "longrope",
+                                "short_factor": [1.0 + 0.25 * i for i in range(half)],
+                                "long_factor": [1.0 + 4.0 * i for i in range(half)]})
+    elif arch == "gemma2":
+        # Gemma 3's tiny shape with Gemma 2's alternating windows; caps low enough to bite.
+        cfg = tf.Gemma2Config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24,
+            max_position_embeddings=1024, sliding_window=GEMMA3_WINDOW,
+            attn_logit_softcapping=4.0, final_logit_softcapping=30.0, **common)
+    elif arch == "starcoder2":
+        cfg = tf.Starcoder2Config(**llama_like, sliding_window=WINDOW, use_bias=True,
+                                  tie_word_embeddings=True)
+    elif arch in LONG_CONTEXT:
+        cfg = _long_context(tf, arch, llama_like)
     else:
         raise ValueError(f"unknown tiny architecture {arch!r}; use one of "
-                         f"{ALL_ARCHITECTURES + MOE_ARCHITECTURES}")
+                         f"{ALL_ARCHITECTURES + MOE_ARCHITECTURES + LONG_CONTEXT}")
     for k, v in overrides.items():
         setattr(cfg, k, v)
     return cfg
+
+
+def _long_context(tf: Any, arch: str, llama_like: dict[str, Any]) -> Any:
+    """The long-context tiny configs: ``LONG_TRAINED`` positions scaled by 16."""
+    served = {**llama_like, "max_position_embeddings": LONG_SERVED}
+    if arch == "llama3_long":
+        return tf.LlamaConfig(**served, tie_word_embeddings=False, rope_scaling={
+            "rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": LONG_TRAINED})
+    trained = {**llama_like, "max_position_embeddings": LONG_TRAINED}
+    if arch == "llama_linear":
+        return tf.LlamaConfig(**trained, tie_word_embeddings=False,
+                              rope_scaling={"rope_type": "linear", "factor": 16.0})
+    if arch == "llama_dynamic":
+        return tf.LlamaConfig(**trained, tie_word_embeddings=False,
+                              rope_scaling={"rope_type": "dynamic", "factor": 16.0})
+    # Qwen2.5's layout: YaRN from the original length (beta and truncation defaults).
+    return tf.Qwen2Config(**served, tie_word_embeddings=True, rope_scaling={
+        "rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": LONG_TRAINED})
 
 
 def make_tiny_model(arch: str, out: str | Path, seed: int = 0,
@@ -148,12 +198,16 @@ def make_tiny_model(arch: str, out: str | Path, seed: int = 0,
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.mul_(4.0)
-            elif arch == "gemma3" and "norm" in name:
+            elif arch in ("gemma3", "gemma2") and "norm" in name:
                 # Gemma norms scale by 1 + w and start at w = 0; random w tests the 1.
                 p.normal_(0.0, 0.5)
             elif arch in ("olmo2", "olmoe") and "norm" in name:
                 # OLMo 2's q/k norms span all heads: random w shows a per-head norm.
                 p.uniform_(0.5, 1.5)
+            elif arch == "starcoder2":
+                # LayerNorm weights away from 1, every bias away from 0.
+                p.uniform_(0.5, 1.5) if "norm" in name and name.endswith("weight") \
+                    else p.normal_(0.0, 0.05)
     model.save_pretrained(out)
     return out
 

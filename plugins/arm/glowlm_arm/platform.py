@@ -27,14 +27,19 @@ class ArmPlatform(CompiledKernelsPlatform, Platform):
 
     Kernels: the shared kernel tree compiled at install for NEON (``-march=armv8-a``)
     and NEON + BF16 (``-march=armv8.6-a+bf16``); the live CPU picks the module
-    (``neon-bf16`` only where it reports ``bf16``). Core's reference ops run when the
-    module cannot load, and ``capabilities.kernels`` is then emptied.
+    (``neon-bf16`` only where it reports ``bf16``). ``capabilities.kernels`` lists them
+    only where the install built the modules (``glowlm platforms`` says "kernels not
+    built" otherwise); core's reference ops run when the module cannot load, and the
+    list is then emptied. The dense linear method offers the compiled GEMV/GEMM to the
+    measured linear choice first, beside oneDNN and ``F.linear``
+    (:class:`glowlm_kernels.parts.CompiledLinearMethod`).
     """
 
     name = "arm"
     rank = 100
     kernel_plugin = "arm"
     kernel_package_dir = Path(__file__).resolve().parent
+    kernel_names = OP_NAMES + QUANT_OP_NAMES
 
     @classmethod
     def kernel_variant(cls, cpu: HostInfo) -> str | None:
@@ -64,7 +69,7 @@ class ArmPlatform(CompiledKernelsPlatform, Platform):
             dtypes = (torch.float32, torch.float16)
         return Capabilities(isa=match.isa or "neon", dtypes=dtypes,
                             quantization=("awq", "gptq", "compressed-tensors", "gguf"),
-                            kernels=OP_NAMES + QUANT_OP_NAMES)
+                            kernels=cls.installed_kernels())
 
     def startup_notes(self) -> list[str]:
         notes = super().startup_notes()

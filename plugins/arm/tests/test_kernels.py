@@ -26,9 +26,31 @@ def _platform(dump: Path) -> ArmPlatform:
     return ArmPlatform(h, ArmPlatform.detect(h))
 
 
-def test_capabilities_list_the_compiled_kernels() -> None:
+def test_capabilities_list_the_compiled_kernels_where_the_install_built_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ArmPlatform, "kernel_package_dir", tmp_path)
+    assert _platform(GRAVITON3).capabilities.kernels == ()  # GLOWLM_BUILD_KERNELS=0
+    for stem in ("_kernels_neon", "_kernels_neon_bf16"):  # what pip install leaves
+        (tmp_path / f"{stem}.cpython-311-aarch64-linux-gnu.so").write_bytes(b"")
+    assert ArmPlatform.built_variants() == ("neon", "neon-bf16")
     assert _platform(GRAVITON3).capabilities.kernels == OP_NAMES + QUANT_OP_NAMES
     assert {"gemv", "gemm", "paged_attention", "rms_norm"} <= set(OP_NAMES)
+
+
+def test_platforms_says_kernels_not_built_when_the_install_built_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``glowlm platforms`` shows of a Graviton 3 whose install ran with
+    GLOWLM_BUILD_KERNELS=0: no kernels listed, and the note says they were not built
+    (it never compiles), then what it shows once the modules exist."""
+    monkeypatch.setattr(ArmPlatform, "kernel_package_dir", tmp_path)
+    monkeypatch.setattr("glowlm.plugin_api.live_host", lambda: from_dump(GRAVITON3))
+    p = _platform(GRAVITON3)
+    assert p.capabilities.kernels == ()
+    assert any(n.startswith("glowlm-arm: kernels not built") for n in p.startup_notes())
+    (tmp_path / "_kernels_neon_bf16.cpython-311-aarch64-linux-gnu.so").write_bytes(b"")
+    p = _platform(GRAVITON3)
+    assert "glowlm-arm: compiled kernels neon-bf16" in p.startup_notes()
+    assert p.capabilities.kernels == OP_NAMES + QUANT_OP_NAMES
 
 
 def test_the_live_cpu_picks_the_variant() -> None:

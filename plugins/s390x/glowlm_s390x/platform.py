@@ -25,13 +25,15 @@ class S390xPlatform(CompiledKernelsPlatform, Platform):
     dtypes: float32 first (the fallback), bfloat16, float16, all supported. The
     quantization methods are those of x86 (AWQ, GPTQ, compressed-tensors, GGUF),
     registered by :mod:`glowlm_s390x.quant`, on the compiled module's ``wna16_linear`` /
-    ``w8a8_linear``.
+    ``w8a8_linear``. Kernels are listed only where the install built them; the dense
+    linear method offers the compiled GEMV/GEMM to the measured linear choice first.
     """
 
     name = "s390x"
     rank = 100
     kernel_plugin = "s390x"
     kernel_package_dir = Path(__file__).resolve().parent
+    kernel_names = OP_NAMES + QUANT_OP_NAMES
 
     @classmethod
     def kernel_variant(cls, cpu: HostInfo) -> str | None:
@@ -54,7 +56,7 @@ class S390xPlatform(CompiledKernelsPlatform, Platform):
     def capabilities_for(cls, host: HostInfo, match: Match) -> Capabilities:
         return Capabilities(isa="vxe", dtypes=(torch.float32, torch.bfloat16, torch.float16),
                             quantization=("awq", "gptq", "compressed-tensors", "gguf"),
-                            kernels=OP_NAMES + QUANT_OP_NAMES, status="experimental")
+                            kernels=cls.installed_kernels(), status="experimental")
 
     def startup_notes(self) -> list[str]:
         notes = super().startup_notes()

@@ -26,8 +26,16 @@ def _platform(dump: Path) -> S390xPlatform:
     return S390xPlatform(h, S390xPlatform.detect(h))
 
 
-def test_capabilities_list_the_compiled_kernels() -> None:
+def test_capabilities_list_the_compiled_kernels_where_the_install_built_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(S390xPlatform, "kernel_package_dir", tmp_path)
+    assert _platform(Z15).capabilities.kernels == ()  # GLOWLM_BUILD_KERNELS=0
+    monkeypatch.setattr("glowlm.plugin_api.live_host", lambda: from_dump(Z15))
+    assert "glowlm-s390x: kernels not built" in _platform(Z15).kernel_note()
+    for stem in ("_kernels_z14", "_kernels_z15"):  # what pip install leaves
+        (tmp_path / f"{stem}.cpython-311-s390x-linux-gnu.so").write_bytes(b"")
     assert _platform(Z15).capabilities.kernels == OP_NAMES + QUANT_OP_NAMES
+    assert _platform(Z15).kernel_note() == "glowlm-s390x: compiled kernels z15"
     assert {"gemv", "gemm", "paged_attention", "rms_norm"} <= set(OP_NAMES)
 
 

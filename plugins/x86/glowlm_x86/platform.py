@@ -183,6 +183,7 @@ class X86Platform(Platform):
                          silu_and_mul=ops.silu_and_mul, gelu=ops.gelu, gelu_tanh=ops.gelu_tanh,
                          relu=ops.relu, dense_linear=dense_linear,
                          fused_moe=_moe_op(linear),
+                         lora_shrink_expand=_lora_op(linear),
                          ln_decoder_layer=make_ln_decoder_layer(linear.policy, attention)
                          if fuse else None,
                          rms_decoder_layer=make_rms_decoder_layer(linear.policy, attention)
@@ -216,6 +217,15 @@ def _moe_op(linear: object) -> Callable[..., torch.Tensor]:
 
     policy = getattr(linear, "policy", None)
     return functools.partial(ops.fused_moe,
+                             gemv_max_m=policy.gemv_max_m if policy is not None else 8)
+
+
+def _lora_op(linear: object) -> Callable[..., torch.Tensor]:
+    """The compiled ``lora_shrink_expand`` with the dense method's GEMV/GEMM switch."""
+    from glowlm_x86.kernels import ops
+
+    policy = getattr(linear, "policy", None)
+    return functools.partial(ops.lora_shrink_expand,
                              gemv_max_m=policy.gemv_max_m if policy is not None else 8)
 
 

@@ -109,6 +109,7 @@ def test_platform_names_the_kernels_that_loaded() -> None:
     assert platform.ops().replaced() == ["rms_norm", "fused_add_rms_norm", "layer_norm",
                                          "rotary_embedding", "silu_and_mul", "gelu",
                                          "gelu_tanh", "relu", "dense_linear", "fused_moe",
+                                         "lora_shrink_expand",
                                          "ln_decoder_layer",
                                          "rms_decoder_layer", "ln_decoder_stack",
                                          "rms_decoder_stack", "decoder_layer", "decoder_stack",

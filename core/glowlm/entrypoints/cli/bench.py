@@ -13,7 +13,11 @@ setting ``func``), imported when the subcommand runs or its help is shown:
   (:mod:`glowlm.bench.allreduce`);
 - ``tp``: decode at TP = N against TP = 1, alternated runs (:mod:`glowlm.bench.tp`);
 - ``structured-mask``: what structured outputs cost per decode step
-  (:mod:`glowlm.bench.structured_mask`).
+  (:mod:`glowlm.bench.structured_mask`);
+- ``embed``: embedding throughput of a pooling model per batch size
+  (:mod:`glowlm.bench.embed`);
+- ``lora``: P2 and batched decode with 0, 1, 4 and 16 LoRA adapters in one batch
+  (:mod:`glowlm.bench.lora`).
 
 The developer and peer harnesses (glowlm beside llama.cpp, vLLM and transformers;
 kernel microbenchmarks) are scripts in ``tools/`` (tools/README.md).
@@ -28,7 +32,7 @@ import importlib
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bench", help="benchmarks: latency, throughput, roofline, serve, suite, allreduce, "
-                      "tp, structured-mask")
+                      "tp, structured-mask, embed, lora")
     sub = p.add_subparsers(dest="bench", metavar="KIND", required=True)
     from glowlm.bench import offline
 
@@ -51,7 +55,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                        "(median and p90 time)"),
             ("tp", "tp", "decode at TP = N against TP = 1 on one model, alternated runs"),
             ("structured-mask", "structured_mask", "what structured outputs cost per "
-                                                   "decode step")):
+                                                   "decode step"),
+            ("embed", "embed", "embedding throughput (sequences/s, tokens/s) per batch "
+                               "size, beside sentence-transformers"),
+            ("lora", "lora", "P2 and batched decode with 0, 1, 4 and 16 LoRA adapters in "
+                             "one batch")):
         mod = importlib.import_module(f"glowlm.bench.{module}")
         mod.add_arguments(sub.add_parser(
             kind, help=helptext, description=(mod.__doc__ or "").split("\n\n")[0] or None))

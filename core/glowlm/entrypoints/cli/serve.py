@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from glowlm import envs
 from glowlm.entrypoints.cli.engine_args import add_engine_args, engine_kwargs
 from glowlm.entrypoints.cli.serve_settings import (
     generation_defaults,
@@ -28,7 +29,7 @@ from glowlm.entrypoints.cli.serve_settings import (
     read_chat_template,
     resolve_model,
 )
-from glowlm.errors import ConfigError
+from glowlm.errors import ConfigError, GlowlmError, LoRAError
 from glowlm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -49,7 +50,8 @@ IGNORED_FLAGS: dict[str, tuple[int | str, str]] = {
     "--disable-frontend-multiprocessing": (0, "the engine runs in the server process"),
     "--distributed-executor-backend": (1, "glowlm runs its own ranks"),
     "--load-format": (1, "glowlm reads safetensors (and *.bin with --allow-pickle)"),
-    "--download-dir": (1, "glowlm reads local model directories only"),
+    "--download-dir": (1, "downloads go to the Hugging Face cache: set HF_HUB_CACHE or "
+                          "HF_HOME to move it"),
     "--tokenizer-mode": (1, "glowlm uses the Hugging Face fast tokenizer"),
     "--disable-log-requests": (0, "glowlm does not log request contents"),
     "--enable-log-requests": (0, "glowlm does not log request contents"),
@@ -85,14 +87,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL (a Hugging Face model directory, a .gguf file or an "
-                    "ORG/NAME id in the Hugging Face cache; default: SmolLM2-135M-Instruct) "
+                    "ORG/NAME[:QUANT] id of the Hugging Face Hub, downloaded into its cache "
+                    "when missing; default: SmolLM2-135M-Instruct) "
                     "with the OpenAI API: /v1/completions, /v1/chat/completions, "
-                    "/v1/models, plus /health, /metrics, /tokenize, /detokenize, /version. "
+                    "/v1/models (with --runner pooling: /v1/embeddings, /score, /rerank, "
+                    "/classify, /pooling), plus /health, /metrics, /tokenize, /detokenize, "
+                    "/version; with --enable-lora, LoRA adapters by name (--lora-modules) "
+                    "and, with GLOWLM_ALLOW_RUNTIME_LORA_UPDATING=1, /v1/load_lora_adapter "
+                    "and /v1/unload_lora_adapter. "
                     "Environment: GLOWLM_CPU_KVCACHE_SPACE (KV cache GiB), "
                     "GLOWLM_CPU_OMP_THREADS_BIND, GLOWLM_CPU_NUM_OF_RESERVED_CPU, "
-                    "GLOWLM_PLATFORM.")
+                    "GLOWLM_PLATFORM; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HOME for the Hub.")
     p.add_argument("model", nargs="?", default=None,
-                   help="model directory, .gguf file or ORG/NAME (default: "
+                   help="model directory, .gguf file or Hub id ORG/NAME[:QUANT] (default: "
                         "SmolLM2-135M-Instruct)")
     p.add_argument("--model", dest="model_option", metavar="MODEL",
                    help="the model, as vLLM's --model (instead of the positional)")
@@ -206,6 +213,51 @@ def apply_thread_binding() -> str:
     return str(plan.describe())
 
 
+def check_lora_modules(args: argparse.Namespace, config: Any, served_names: list[str]
+                       ) -> list[Any]:
+    """``--lora-modules`` as LoRARequests (ids 1..n), checked before the model loads.
+
+    Whatever can be known without the model fails here, in a second, as one line: a
+    name used twice or also a served model name (a client could not tell them apart),
+    -dp N > 1 (the replicas would each need the adapters; not supported yet), a path
+    that is no adapter or an adapter glowlm refuses (read now, without the model; its
+    shapes are checked against the model when it is registered after the load).
+    """
+    modules = getattr(args, "lora_modules", None) or []
+    if config.enable_lora and config.data_parallel_size > 1:
+        raise ConfigError(f"--enable-lora with -dp {config.data_parallel_size} is not "
+                          "supported yet: serve LoRA adapters with one engine replica "
+                          "(-dp 1; -tp/-pp spread it over more cores)")
+    from glowlm.lora.adapter import read_adapter
+    from glowlm.lora.request import from_modules
+
+    seen: set[str] = set()
+    for m in modules:
+        label = f"--lora-modules {m['name']}={m['path']}"
+        if m["name"] in served_names:
+            raise ConfigError(f"{label}: {m['name']!r} is also a served model name; give the "
+                              "adapter another name")
+        if m["name"] in seen:
+            raise ConfigError(f"{label}: the name {m['name']!r} is given twice")
+        seen.add(m["name"])
+        try:
+            read_adapter(m["path"])
+        except LoRAError as exc:
+            raise ConfigError(f"{label}: {exc}") from None
+    return from_modules(modules)
+
+
+def register_lora_modules(engine: Any, modules: list[Any]) -> None:
+    """Engine thread: register each ``--lora-modules`` adapter, checked against the
+    model now; the first that cannot be served is a ConfigError naming its flag."""
+    for request in modules:
+        try:
+            engine.add_lora(request)
+        except LoRAError as exc:
+            raise ConfigError(f"--lora-modules {request.lora_name}={request.lora_path}: "
+                              f"{exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.max_queue is not None and args.max_queue < 0:
         raise ConfigError("--max-queue must be >= 0")
@@ -231,18 +283,21 @@ def run(args: argparse.Namespace) -> int:
 
         model, name = default_model.default_model_path(), str(default_model.describe()["name"])
         logger.info("no MODEL given: serving the default model %s (%s)", name, model)
-    # The model's own directory (a GGUF file's converted metadata, a cached snapshot).
-    from glowlm.model_loader.resolve import resolve_model as find_model
-
-    model_dir = find_model(str(model), getattr(args, "revision", None),
-                           getattr(args, "gguf_file", None)).path
-    defaults = generation_defaults(args.generation_config, str(model_dir))
     from glowlm.config import EngineConfig
     from glowlm.entrypoints.openai.server import ServerOptions, bind_socket, serve
+    from glowlm.model_loader.hub import fetch_model
+    from glowlm.model_loader.resolve import resolve_model as find_model
 
     config = EngineConfig.create(
         str(model), online=True, **engine_kwargs(args),
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
+    config = fetch_model(config)  # an ORG/NAME not in the cache: downloaded, pinned
+    # The model's own directory (a GGUF file's converted metadata, a cached snapshot).
+    model_dir = find_model(config.model, config.revision, config.gguf_file).path
+    defaults = generation_defaults(args.generation_config, str(model_dir))
+    names = args.served_model_name or [str(name)]
+    lora_modules = check_lora_modules(args, config, names)
+    allow_lora_updates = envs.server().allow_runtime_lora_updating
     if args.headless or config.node_rank > 0:
         from glowlm.executor.node import run_headless
 
@@ -259,7 +314,11 @@ def run(args: argparse.Namespace) -> int:
     executor = engine_thread()
     try:
         logger.info(executor.submit(apply_thread_binding).result())
-        if config.data_parallel_size > 1:  # replicas in their own processes
+        from glowlm.engine.pooling_engine import PoolingEngine, runner_for
+
+        if runner_for(config) == "pooling":  # embeddings, scores: docs/pooling.md
+            engine = executor.submit(PoolingEngine, config).result()
+        elif config.data_parallel_size > 1:  # replicas in their own processes
             from glowlm.executor.dp import DPEngine
 
             engine = executor.submit(DPEngine, config).result()
@@ -270,7 +329,18 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         logger.warning("interrupted while loading the model; exiting")
         os._exit(130)  # the engine thread cannot be interrupted; do not wait for it
-    names = args.served_model_name or [str(name)]
+    if lora_modules:
+        try:
+            executor.submit(register_lora_modules, engine, lora_modules).result()
+        except GlowlmError:
+            executor.submit(engine.shutdown).result()  # TP/PP ranks: stopped, not orphaned
+            executor.shutdown()
+            raise
+    if allow_lora_updates:
+        logger.warning("GLOWLM_ALLOW_RUNTIME_LORA_UPDATING=1: clients may load LoRA adapters "
+                       "from any path this server can read (/v1/load_lora_adapter)%s",
+                       "" if config.enable_lora else
+                       "; without --enable-lora those routes refuse every request")
     options = ServerOptions(
         served_model_names=names, chat_template=chat_template,
         api_keys=api_keys, limits=http_limits,
@@ -278,7 +348,8 @@ def run(args: argparse.Namespace) -> int:
         max_logprobs=args.max_logprobs, enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser, allowed_origins=args.allowed_origins,
         allowed_methods=args.allowed_methods, allowed_headers=args.allowed_headers,
-        allow_credentials=args.allow_credentials, log_stats=not args.disable_log_stats)
+        allow_credentials=args.allow_credentials, log_stats=not args.disable_log_stats,
+        allow_runtime_lora_updating=allow_lora_updates)
     uvicorn_options = {"log_level": args.uvicorn_log_level, "root_path": args.root_path,
                        "ssl_keyfile": args.ssl_keyfile, "ssl_certfile": args.ssl_certfile,
                        "ssl_ca_certs": args.ssl_ca_certs, "ssl_cert_reqs": args.ssl_cert_reqs}

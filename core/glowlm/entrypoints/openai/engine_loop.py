@@ -34,9 +34,10 @@ from typing import Any, TypeVar
 
 from glowlm.engine.llm_engine import LLMEngine
 from glowlm.engine.outputs import PositionLogprobs, RequestOutput
-from glowlm.entrypoints.openai.metrics import EngineSnapshot, ServerMetrics
-from glowlm.errors import RequestError
+from glowlm.entrypoints.openai.metrics import EngineSnapshot, ServerMetrics, SpecDecodeFigures
+from glowlm.errors import LoRAError, RequestError
 from glowlm.logger import init_logger
+from glowlm.lora.request import LoRARequest
 from glowlm.sampling.params import SamplingParams
 
 logger = init_logger(__name__)
@@ -91,14 +92,16 @@ class RequestGroup:
         self.pending: set[str] = set()
 
     async def add(self, request_id: str, prompt: str | list[int] | dict[str, Any],
-                  params: SamplingParams) -> None:
-        """Queue one request; raises RequestError (nothing queued) if it is invalid."""
+                  params: SamplingParams, lora_request: LoRARequest | None = None) -> None:
+        """Queue one request (on ``lora_request``'s adapter, if given); raises
+        RequestError (nothing queued) if it is invalid, LoRAError if the adapter was
+        unloaded since the caller looked its name up."""
         driver = self._driver
         self.pending.add(request_id)  # first: close() must abort it even if we are cancelled
         driver.streams[request_id] = self.queue
         driver.adds_in_flight += 1
         try:
-            await driver.run(driver.add_in_thread, request_id, prompt, params)
+            await driver.run(driver.add_in_thread, request_id, prompt, params, lora_request)
         except RequestError:
             self.pending.discard(request_id)  # nothing was queued
             driver.streams.pop(request_id, None)
@@ -249,9 +252,20 @@ class AsyncEngine:
 
     # -- engine-thread bodies -----------------------------------------------------------
 
-    def add_in_thread(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
+    def add_in_thread(self, request_id: str, prompt: Any, params: SamplingParams,
+                      lora_request: LoRARequest | None = None) -> None:
         try:
-            self.engine.add_request(request_id, prompt, params)
+            if lora_request is None:
+                self.engine.add_request(request_id, prompt, params)
+            else:
+                # Checked here, serialized with unloads (also engine-thread calls): an
+                # adapter unloaded after the front-end resolved its name must not come
+                # back, which engine.add_request would do by registering it again.
+                if lora_request not in self.engine.list_loras():
+                    raise LoRAError(f"the LoRA adapter {lora_request.lora_name!r} was "
+                                    "unloaded")
+                self.engine.add_request(request_id, prompt, params,
+                                        lora_request=lora_request)
         finally:
             self.snapshot = self._snapshot()
 
@@ -268,7 +282,8 @@ class AsyncEngine:
         try:
             outputs = self.engine.step()
             for out in outputs:
-                self._decode_logprobs(out)
+                if isinstance(out, RequestOutput):  # pooling outputs carry no logprobs
+                    self._decode_logprobs(out)
         finally:
             self.snapshot = self._snapshot()
         lat = self.engine.stats.latencies
@@ -296,14 +311,25 @@ class AsyncEngine:
 
     def _snapshot(self) -> EngineSnapshot:
         e = self.engine
-        bm = e.block_manager
+        speculator = getattr(e, "speculator", None)  # a data-parallel engine has none
+        spec = None
+        if speculator is not None:
+            st = speculator.stats
+            spec = SpecDecodeFigures(st.num_drafts, st.num_draft_tokens,
+                                     st.num_accepted_tokens, tuple(st.accepted_per_pos))
+        bm = getattr(e, "block_manager", None)
+        if bm is None:  # the pooling engine keeps no KV cache between steps
+            return EngineSnapshot(
+                num_running=e.num_running, num_waiting=e.num_waiting,
+                num_unfinished=len(e.requests), prompt_tokens=e.stats.prompt_tokens,
+                generation_tokens=e.stats.generation_tokens)
         return EngineSnapshot(
             num_running=e.num_running, num_waiting=e.num_waiting,
             num_unfinished=len(e.requests), num_blocks=bm.num_blocks,
             num_free_blocks=bm.num_free_blocks, kv_cache_usage=bm.usage(),
             prefix_cache_queries=bm.stats.queries, prefix_cache_hits=bm.stats.hits,
             prompt_tokens=e.stats.prompt_tokens, generation_tokens=e.stats.generation_tokens,
-            num_preemptions=e.scheduler.num_preemptions)
+            num_preemptions=e.scheduler.num_preemptions, spec_decode=spec)
 
     # -- the stepping task --------------------------------------------------------------
 
@@ -328,8 +354,11 @@ class AsyncEngine:
                     pending = None
                     continue
                 snap = self.snapshot
+                # A pooling engine's requests wait until a step runs them (none stays
+                # running), so its next step is due whenever any is unfinished.
+                busy = snap.num_running or getattr(self.engine, "is_pooling", False)
                 pending = (loop.run_in_executor(self._executor, self._step_in_thread)
-                           if snap.num_unfinished and snap.num_running else None)
+                           if snap.num_unfinished and busy else None)
                 self.metrics.observe(samples)
                 self._dispatch(outputs)
                 if pending is None and snap.num_unfinished:
@@ -339,7 +368,9 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            if out.finished and out.outputs:
+            if out.finished and not isinstance(out, RequestOutput):
+                self.metrics.count_finished("stop")  # a pooling request: one pass, done
+            elif out.finished and out.outputs:
                 self.metrics.count_finished(out.outputs[0].finish_reason or "abort")
             queue = self.streams.get(out.request_id)
             if queue is not None:

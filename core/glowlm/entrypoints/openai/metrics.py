@@ -16,6 +16,11 @@ counts only those the model computed.
 
 Every 10 s while requests run, one log line gives vLLM's "Avg prompt
 throughput / Avg generation throughput" summary (``--disable-log-stats``: none).
+
+With ``--speculative-config``, vLLM's speculative-decoding counters appear too
+(``spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens`` and
+``_num_accepted_tokens_per_pos`` with a ``position`` label), and a second log line
+gives the mean acceptance length and acceptance rate since the last one.
 """
 
 from __future__ import annotations
@@ -101,6 +106,35 @@ class EngineSnapshot:
     prompt_tokens: int = 0          # computed (cache hits excluded)
     generation_tokens: int = 0
     num_preemptions: int = 0
+    #: Speculative decoding (engine/spec_decode/stats.py); None: speculation is off.
+    spec_decode: SpecDecodeFigures | None = None
+
+
+@dataclass(frozen=True)
+class SpecDecodeFigures:
+    """The speculator's counters, copied in the engine thread."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+
+def _spec_decode_metrics(prefix: str, model: str, spec: SpecDecodeFigures) -> Iterable[Any]:
+    for name, doc, value in (
+            ("spec_decode_num_drafts", "Number of spec decoding drafts.", spec.num_drafts),
+            ("spec_decode_num_draft_tokens", "Number of draft tokens.", spec.num_draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+             spec.num_accepted_tokens)):
+        c = CounterMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
+        c.add_metric([model], value)
+        yield c
+    c = CounterMetricFamily(f"{prefix}:spec_decode_num_accepted_tokens_per_pos",
+                            "Accepted tokens per draft position.",
+                            labels=["model_name", "position"])
+    for pos, value in enumerate(spec.accepted_per_pos):
+        c.add_metric([model, str(pos)], value)
+    yield c
 
 
 class _SnapshotCollector(Collector):
@@ -155,6 +189,8 @@ class _SnapshotCollector(Collector):
             for reason in sorted(set(o.finished) | {"stop", "length", "abort"}):
                 c.add_metric([o.model_name, reason], o.finished[reason])
             yield c
+            if snap.spec_decode is not None:
+                yield from _spec_decode_metrics(prefix, o.model_name, snap.spec_decode)
         c = CounterMetricFamily("glowlm:prompt_tokens_computed",
                                 "Prompt tokens the model computed (prefix-cache hits "
                                 "excluded).", labels=["model_name"])
@@ -190,6 +226,7 @@ class ServerMetrics:
         self.recent_e2e: deque[float] = deque(maxlen=64)
         self._last_log = time.monotonic()
         self._last_tokens = (0, 0)  # prompt, generation at the last log line
+        self._last_spec = SpecDecodeFigures()
 
     def observe(self, samples: dict[str, list[float]]) -> None:
         """Per-request samples from one engine step (seconds, or token counts)."""
@@ -229,7 +266,27 @@ class ServerMetrics:
                 f"KV cache usage: {snap.kv_cache_usage * 100:.1f}%, "
                 f"Prefix cache hit rate: {hit:.1f}%")
         logger.info(line)
+        if snap.spec_decode is not None:
+            self._log_spec_decode(snap.spec_decode, elapsed)
         return line
+
+    def _log_spec_decode(self, spec: SpecDecodeFigures, elapsed: float) -> None:
+        """vLLM's "SpecDecoding metrics" line, over the interval since the last one."""
+        last, self._last_spec = self._last_spec, spec
+        drafts = spec.num_drafts - last.num_drafts
+        if not drafts:
+            return
+        drafted = spec.num_draft_tokens - last.num_draft_tokens
+        accepted = spec.num_accepted_tokens - last.num_accepted_tokens
+        per_pos = [(v - (last.accepted_per_pos[i] if i < len(last.accepted_per_pos) else 0))
+                   / drafts for i, v in enumerate(spec.accepted_per_pos)]
+        logger.info("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: "
+                    "%.2f tokens/s, Drafted throughput: %.2f tokens/s, Accepted: %d tokens, "
+                    "Drafted: %d tokens, Per-position acceptance rate: %s, Avg Draft "
+                    "acceptance rate: %.1f%%", 1 + accepted / drafts, accepted / elapsed,
+                    drafted / elapsed, accepted, drafted,
+                    ", ".join(f"{r:.3f}" for r in per_pos),
+                    100 * accepted / drafted if drafted else 0.0)
 
     def render(self, snap: EngineSnapshot | None = None) -> str:
         self.scrape_snapshot = snap

@@ -23,7 +23,16 @@ from glowlm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
+)
+from glowlm.entrypoints.openai.protocol.pooling import (
+    ClassificationRequest,
+    EmbeddingRequest,
+    PoolingRequest,
+    RerankRequest,
+    ScoreRequest,
 )
 from glowlm.entrypoints.openai.responses import ChatCompletionResponse, CompletionResponse
 
@@ -63,7 +72,8 @@ _HAND_WRITTEN: dict[str, dict[str, Any]] = {
 }
 
 _WHY = {400: "invalid request (the message and `param` name the field)",
-        401: "missing or wrong API key", 404: "unknown model or route",
+        401: "missing or wrong API key",
+        404: "unknown model or route, or a route this server has turned off",
         408: "the request body did not arrive in time", 413: "the request body is too large",
         503: "the server is at capacity (`Retry-After`) or shutting down"}
 
@@ -123,9 +133,35 @@ _OPERATIONS: dict[tuple[str, str], tuple[dict[str, Any] | None, dict[str, Any]]]
                                                            **_errors(*_BODY_ERRORS)}),
 }
 
+#: The runtime LoRA routes (docs/lora.md): vLLM's text answer on success; 404 when
+#: GLOWLM_ALLOW_RUNTIME_LORA_UPDATING is off, 400 for an adapter that cannot load, a
+#: name taken, or (unload) a name not loaded.
+for _path, _model, _done in (("/v1/load_lora_adapter", "LoadLoRAAdapterRequest", "loaded"),
+                             ("/v1/unload_lora_adapter", "UnloadLoRAAdapterRequest",
+                              "unloaded")):
+    _OPERATIONS[(_path, "post")] = (_body(_model), {
+        "200": {"description": f"the adapter was {_done} (a one-line message)",
+                "content": {"text/plain": {"schema": {"type": "string"}}}},
+        **_errors(*_BODY_ERRORS)})
+
+#: The pooling routes (docs/pooling.md): a 400 on a server that generates text.
+_POOLING = {"/v1/embeddings": "EmbeddingRequest", "/pooling": "PoolingRequest",
+            "/classify": "ClassificationRequest", "/score": "ScoreRequest",
+            "/v1/score": "ScoreRequest", "/rerank": "RerankRequest",
+            "/v1/rerank": "RerankRequest", "/v2/rerank": "RerankRequest"}
+for _path, _model in _POOLING.items():
+    _OPERATIONS[(_path, "post")] = (_body(_model), {
+        "200": {"description": "the pooled outputs (docs/pooling.md)",
+                "content": {"application/json": {"schema": {"type": "object"}}}},
+        **_errors(*_BODY_ERRORS, 503)})
+
 _MODELS: tuple[tuple[type[BaseModel], str], ...] = (
+    (EmbeddingRequest, "validation"), (PoolingRequest, "validation"),
+    (ClassificationRequest, "validation"), (ScoreRequest, "validation"),
+    (RerankRequest, "validation"),
     (CompletionRequest, "validation"), (ChatCompletionRequest, "validation"),
     (TokenizeRequest, "validation"), (DetokenizeRequest, "validation"),
+    (LoadLoRAAdapterRequest, "validation"), (UnloadLoRAAdapterRequest, "validation"),
     (CompletionResponse, "serialization"), (ChatCompletionResponse, "serialization"))
 
 

@@ -20,7 +20,6 @@ import json
 import signal
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -50,9 +49,17 @@ from glowlm.entrypoints.openai.http_guard import (
 )
 from glowlm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from glowlm.entrypoints.openai.openapi import install_openapi
-from glowlm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest, parse_request
+from glowlm.entrypoints.openai.protocol import (
+    DetokenizeRequest,
+    LoadLoRAAdapterRequest,
+    TokenizeRequest,
+    UnloadLoRAAdapterRequest,
+    parse_request,
+)
 from glowlm.entrypoints.openai.serving_chat import OpenAIServingChat
 from glowlm.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from glowlm.entrypoints.openai.serving_models import ServedModels
+from glowlm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from glowlm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -78,6 +85,9 @@ class ServerOptions:
     allowed_headers: list[str] = field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
     log_stats: bool = True
+    #: GLOWLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and
+    #: /v1/unload_lora_adapter answer (with --enable-lora); off, they are a 404.
+    allow_runtime_lora_updating: bool = False
 
 
 def _api_error_response(exc: APIError) -> JSONResponse:
@@ -95,9 +105,26 @@ def build_app(engine: LLMEngine, options: ServerOptions,
     metrics = ServerMetrics(names[0], log_stats=options.log_stats)
     driver = AsyncEngine(engine, metrics, options.max_queue, executor)
     metrics.snapshot_source = lambda: driver.snapshot  # for the periodic throughput line
-    completions = OpenAIServingCompletion(driver, names, options)
-    chat = OpenAIServingChat(driver, names, options.chat_template, options)
-    created = int(time.time())
+    #: The base names and the LoRA adapters (--lora-modules, /v1/load_lora_adapter),
+    #: one registry every endpoint reads.
+    models = ServedModels(driver, names, options.allow_runtime_lora_updating)
+    completions = OpenAIServingCompletion(driver, names, options, models=models)
+    chat = OpenAIServingChat(driver, names, options.chat_template, options, models=models)
+    #: a pooling engine (glowlm serve --runner pooling) serves the pooling routes only
+    pooling = bool(getattr(engine, "is_pooling", False))
+    pool = OpenAIServingPooling(driver, names, options, models=models)
+
+    def generation_route(route: str) -> None:
+        if pooling:
+            raise APIError(f"{route} generates text, and this server runs a pooling model "
+                           "(--runner pooling): use /v1/embeddings, /score, /rerank, "
+                           "/classify or /pooling", code="unsupported_route")
+
+    def pooling_route(route: str) -> None:
+        if not pooling:
+            raise APIError(f"{route} needs a pooling model; this server generates text. "
+                           "Serve an embedding or reranking model, or this one with "
+                           "--runner pooling", code="unsupported_route")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -151,26 +178,66 @@ def build_app(engine: LLMEngine, options: ServerOptions,
         return JSONResponse(error_body(f"internal server error: {exc!r}", "server_error"),
                             status_code=500)
 
-    def model_card(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": created, "owned_by": "glowlm",
-                "root": engine.config.model, "parent": None,
-                "max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size}
-
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card(n) for n in names]}
+        return {"object": "list", "data": models.cards()}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> dict[str, Any]:
-        return model_card(completions.model_name(model_id))
+        return models.card(model_id)
+
+    # Always routed (vLLM adds them only with VLLM_ALLOW_RUNTIME_LORA_UPDATING): off,
+    # they answer a 404 that says how to turn them on, instead of a bare "Not Found".
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(raw: Request) -> PlainTextResponse:
+        models.check_updates_allowed("/v1/load_lora_adapter")
+        req: LoadLoRAAdapterRequest = parse_request(LoadLoRAAdapterRequest, await raw.body())
+        return PlainTextResponse(await models.load(req.lora_name, req.lora_path))
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(raw: Request) -> PlainTextResponse:
+        models.check_updates_allowed("/v1/unload_lora_adapter")
+        req: UnloadLoRAAdapterRequest = parse_request(UnloadLoRAAdapterRequest,
+                                                      await raw.body())
+        return PlainTextResponse(await models.unload(req.lora_name))
 
     @app.post("/v1/completions")
     async def create_completion(raw: Request) -> Response:
+        generation_route("/v1/completions")
         return await completions.create(raw, await raw.body())
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(raw: Request) -> Response:
+        generation_route("/v1/chat/completions")
         return await chat.create(raw, await raw.body())
+
+    @app.post("/v1/embeddings")
+    async def create_embeddings(raw: Request) -> Response:
+        pooling_route("/v1/embeddings")
+        return await pool.embeddings(raw, await raw.body())
+
+    @app.post("/pooling")
+    async def create_pooling(raw: Request) -> Response:
+        pooling_route("/pooling")
+        return await pool.pooling(raw, await raw.body())
+
+    @app.post("/classify")
+    async def create_classify(raw: Request) -> Response:
+        pooling_route("/classify")
+        return await pool.classify(raw, await raw.body())
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def create_score(raw: Request) -> Response:
+        pooling_route("/score")
+        return await pool.score(raw, await raw.body())
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def create_rerank(raw: Request) -> Response:
+        pooling_route("/rerank")
+        return await pool.rerank(raw, await raw.body())
 
     @app.get("/health")
     @app.get("/ping")

@@ -22,7 +22,15 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from glowlm.engine.outputs import Logprob, PositionLogprobs, RequestOutput
+from glowlm.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from glowlm.entrypoints.beam_search import (
+    BeamSearchState,
+    advance_all,
+    candidates_of,
+    check_beam_width,
+    expansion_params,
+    step_batch,
+)
 from glowlm.entrypoints.openai.engine_loop import (
     AsyncEngine,
     EngineFailure,
@@ -32,8 +40,10 @@ from glowlm.entrypoints.openai.engine_loop import (
 from glowlm.entrypoints.openai.errors import APIError, param_of
 from glowlm.entrypoints.openai.protocol import SamplingRequest
 from glowlm.entrypoints.openai.responses import ChatLogProb, ChatLogProbsContent, CompletionLogProbs
-from glowlm.errors import RequestError
-from glowlm.sampling.params import SamplingParams
+from glowlm.entrypoints.openai.serving_models import ServedModels
+from glowlm.errors import LoRAError, RequestError
+from glowlm.lora.request import LoRARequest
+from glowlm.sampling.params import BeamSearchParams, SamplingParams
 
 #: vLLM's stand-in for -inf, which JSON cannot carry.
 _MIN_LOGPROB = -9999.0
@@ -139,12 +149,15 @@ class OpenAIServing:
     """State and checks shared by the completion and chat endpoints."""
 
     def __init__(self, driver: AsyncEngine, model_names: list[str],
-                 options: Any = None) -> None:
+                 options: Any = None, models: ServedModels | None = None) -> None:
         """``options``: the server's ServerOptions (generation defaults, logprob limit,
-        tool calling); None in tests that build a bare serving object."""
+        tool calling); None in tests that build a bare serving object. ``models``: the
+        names clients may send, LoRA adapters included, shared by every endpoint (so a
+        runtime load is seen by all); default: ``model_names`` only."""
         self.driver = driver
         engine = driver.engine
         self.model_names = model_names
+        self.models = models if models is not None else ServedModels(driver, model_names)
         self.generation_defaults: dict[str, Any] = dict(
             getattr(options, "generation_defaults", None) or {})
         limit = getattr(options, "max_logprobs", 20)
@@ -172,11 +185,12 @@ class OpenAIServing:
                            code="context_length_exceeded")
 
     def model_name(self, requested: str | None) -> str:
-        if requested is None or requested in self.model_names:
-            return requested or self.model_names[0]
-        raise APIError(f"the model {requested!r} does not exist; this server serves "
-                       f"{', '.join(map(repr, self.model_names))}", status=404, param="model",
-                       code="model_not_found")
+        """The name to echo in the response (a base name or an adapter's); 404 else."""
+        return self.models.resolve(requested)[0]
+
+    def resolve_model(self, requested: str | None) -> tuple[str, LoRARequest | None]:
+        """The name to echo and the LoRA adapter to run on (None: the base model)."""
+        return self.models.resolve(requested)
 
     def check_queue(self, count: int) -> None:
         """503 with Retry-After when admitting ``count`` more would exceed --max-queue.
@@ -244,12 +258,19 @@ class OpenAIServing:
                            f"left)", param=max_tokens_field, code="context_length_exceeded")
 
     async def add_all(self, group: RequestGroup, request_id: str,
-                      prompts: list[dict[str, Any]], params: SamplingParams) -> list[str]:
-        """Queue one engine request per prompt; all or nothing."""
+                      prompts: list[dict[str, Any]], params: SamplingParams,
+                      lora_request: LoRARequest | None = None) -> list[str]:
+        """Queue one engine request per prompt (on ``lora_request``'s adapter); all or
+        nothing."""
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         try:
             for rid, prompt in zip(ids, prompts, strict=True):
-                await group.add(rid, prompt, params)
+                await group.add(rid, prompt, params, lora_request)
+        except LoRAError as exc:  # unloaded while this request was being prepared
+            group.close()
+            raise APIError(f"the model {lora_request.lora_name if lora_request else None!r} "
+                           f"does not exist: {exc}", status=404, param="model",
+                           code="model_not_found") from None
         except RequestError as exc:
             group.close()
             raise APIError(str(exc), param="prompt") from None
@@ -257,6 +278,95 @@ class OpenAIServing:
             group.close()
             raise
         return ids
+
+    # -- beam search (use_beam_search) ---------------------------------------------------
+
+    def check_beam_request(self, req: SamplingRequest, unsupported: dict[str, bool]) -> None:
+        """400 for what beam search cannot do, before anything is tokenized or queued.
+
+        The beams are only known when the search ends, so nothing can stream;
+        ``unsupported`` names the endpoint's fields that beam search does not fill.
+        """
+        if req.stream:
+            raise APIError("use_beam_search does not stream: the best beams are only known "
+                           "when the search ends; send stream: false", param="stream")
+        for name, given in unsupported.items():
+            if given:
+                raise APIError(f"{name} is not supported with use_beam_search", param=name)
+
+    def beam_params(self, req: SamplingRequest, params: SamplingParams,
+                    max_tokens_field: str = "max_tokens") -> BeamSearchParams:
+        """vLLM's reading of a request as beam search: ``n`` beams, the request's
+        ``max_tokens`` (None: as many as the context holds, per prompt), temperature
+        (default 1: the raw distribution), ``ignore_eos``, ``length_penalty``,
+        ``include_stop_str_in_output``. ``params``: the request's SamplingParams, whose
+        checks (:meth:`sampling_params`) have passed."""
+        if params.structured_outputs is not None:
+            raise APIError("structured outputs (response_format, structured_outputs, a "
+                           "forced tool_choice) are not supported with use_beam_search",
+                           param="use_beam_search")
+        max_tokens = params.max_tokens
+        temperature = req.temperature
+        if temperature is None:
+            temperature = self.generation_defaults.get("temperature", 1.0)
+        try:
+            params = BeamSearchParams(
+                beam_width=req.n, max_tokens=max_tokens if max_tokens is not None
+                else self.max_model_len, ignore_eos=req.ignore_eos, temperature=temperature,
+                length_penalty=req.length_penalty,
+                include_stop_str_in_output=req.include_stop_str_in_output)
+            check_beam_width(params, self.vocab_size)
+        except RequestError as exc:
+            msg = str(exc).replace("beam_width", "n")
+            param = "n" if msg.startswith("n") else param_of(msg, set(type(req).model_fields))
+            if msg.startswith("max_tokens") and max_tokens_field != "max_tokens":
+                msg, param = msg.replace("max_tokens", max_tokens_field), max_tokens_field
+            raise APIError(msg, param=param, code="invalid_value") from None
+        return params
+
+    async def beam_search(self, raw: Request, request_id: str, prompt_ids: list[list[int]],
+                          params: BeamSearchParams, lora_request: LoRARequest | None
+                          ) -> list[RequestOutput] | None:
+        """Run the search (glowlm.entrypoints.beam_search) through the engine loop: every
+        step, all live beams of all prompts are one request group. Returns one finished
+        RequestOutput per prompt whose ``n`` outputs are its beams, best first, so the
+        endpoints answer as for sampling; None if the client went away."""
+        eos = self.driver.engine.eos_token_ids
+        states = [BeamSearchState(ids, params, min(params.max_tokens,
+                                                   self.max_model_len - len(ids)), eos)
+                  for ids in prompt_ids]
+        step_params = expansion_params(params)
+        step = 0
+        while True:
+            active, seqs = step_batch(states)
+            if not active:
+                break
+            group = self.driver.group()
+            rids = await self.add_all(group, f"{request_id}-step{step}",
+                                      [{"prompt_token_ids": ids} for ids in seqs], step_params,
+                                      lora_request)
+            finals = await self.collect(raw, group)
+            if finals is None:
+                return None
+            advance_all(active, [candidates_of(finals[rid]) for rid in rids])
+            step += 1
+        tokenizer = self.driver.tokenizer
+
+        def decode(ids: list[int], skip_special: bool) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+        results = await self.driver.run_tokenizer(
+            lambda: [s.result(decode) for s in states])
+        outputs = []
+        for i, (ids, result) in enumerate(zip(prompt_ids, results, strict=True)):
+            completions = [CompletionOutput(
+                index=j, text=seq.text or "", token_ids=seq.tokens[len(ids):],
+                cumulative_logprob=seq.cum_logprob, finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason) for j, seq in enumerate(result.sequences)]
+            outputs.append(RequestOutput(
+                request_id=f"{request_id}-{i}", prompt=None, prompt_token_ids=ids,
+                prompt_logprobs=None, outputs=completions, finished=True))
+        return outputs
 
     async def collect(self, raw: Request, group: RequestGroup) -> dict[str, RequestOutput] | None:
         """Final outputs by request id; None if the client went away (requests aborted)."""

@@ -39,6 +39,7 @@ from glowlm.entrypoints.openai.serving_base import (
     sse,
     with_stream_tail,
 )
+from glowlm.entrypoints.openai.serving_models import ServedModels
 from glowlm.entrypoints.openai.tool_calling import ToolMode, tool_mode
 from glowlm.entrypoints.openai.tool_parsers import get_tool_parser
 from glowlm.sampling.processors import truncate_prompt
@@ -51,8 +52,9 @@ _RESERVED = frozenset({"conversation", "chat_template", "tokenize", "add_generat
 
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, driver: AsyncEngine, model_names: list[str],
-                 chat_template: str | None, options: Any = None) -> None:
-        super().__init__(driver, model_names, options)
+                 chat_template: str | None, options: Any = None,
+                 models: ServedModels | None = None) -> None:
+        super().__init__(driver, model_names, options, models)
         self.chat_template = chat_template
         name = getattr(options, "tool_call_parser", None)
         self.tool_parser = get_tool_parser(name) if name else None
@@ -83,7 +85,11 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, raw: Request, body: bytes) -> Response:
         req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body)
         req.check_stream_options()
-        model = self.model_name(req.model)
+        model, lora = self.resolve_model(req.model)
+        if req.use_beam_search:
+            self.check_beam_request(req, {"logprobs": req.logprobs,
+                                          "prompt_logprobs": req.prompt_logprobs is not None,
+                                          "tools": bool(req.tools)})
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs requires logprobs: true", param="top_logprobs")
         field = "max_completion_tokens" if req.max_completion_tokens is not None \
@@ -119,9 +125,16 @@ class OpenAIServingChat(OpenAIServing):
             params.max_tokens = max(1, min(params.max_tokens, self.max_model_len - len(ids)))
         self.check_prompt(ids, params, "messages", field)
         request_id = random_id("chatcmpl")
-        group = self.driver.group()
-        rid, = await self.add_all(group, request_id, [{"prompt_token_ids": ids}], params)
         head = {"id": request_id, "created": now(), "model": model}
+        if req.use_beam_search:
+            beams = await self.beam_search(raw, request_id, [ids],
+                                           self.beam_params(req, params, field),
+                                           lora)
+            if beams is None:
+                return Response(status_code=499)  # the client is gone; nobody reads this
+            return JSONResponse(self._response(head, beams[0], None, mode).model_dump())
+        group = self.driver.group()
+        rid, = await self.add_all(group, request_id, [{"prompt_token_ids": ids}], params, lora)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return GroupStreamingResponse(

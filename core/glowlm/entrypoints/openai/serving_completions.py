@@ -1,6 +1,7 @@
 """``POST /v1/completions``: one engine request per prompt, ``n`` completions each.
 
-Choice ``i * n + j`` is completion ``j`` of prompt ``i``, as in OpenAI's API.
+Choice ``i * n + j`` is completion ``j`` of prompt ``i``, as in OpenAI's API
+(``use_beam_search``: beam ``j`` of prompt ``i``, best first).
 Streams send a chunk whenever a completion gained tokens, even when its text did
 not grow (an incomplete UTF-8 character, a possible stop string held back), so
 clients can time every token; the text of all chunks joined is exactly the
@@ -80,10 +81,14 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create(self, raw: Request, body: bytes) -> Response:
         req: CompletionRequest = parse_request(CompletionRequest, body)
         req.check_stream_options()
-        model = self.model_name(req.model)
+        model, lora = self.resolve_model(req.model)
         if req.best_of is not None and req.best_of != req.n:
             raise APIError("best_of must equal n: glowlm returns every completion it samples",
                            param="best_of")
+        if req.use_beam_search:
+            self.check_beam_request(req, {"logprobs": req.logprobs is not None,
+                                          "echo": req.echo,
+                                          "prompt_logprobs": req.prompt_logprobs is not None})
         prompts = normalize_prompts(req.prompt)
         echo_logprobs = req.logprobs if req.echo else None
         prompt_logprobs = max((k for k in (echo_logprobs, req.prompt_logprobs) if k is not None),
@@ -106,13 +111,22 @@ class OpenAIServingCompletion(OpenAIServing):
         for ids in prompt_ids:
             self.check_prompt(ids, params, "prompt")
         batch = _Batch(random_id("cmpl"), model, now(), req.n, req.logprobs, [], prompt_ids)
+        if req.use_beam_search:
+            beams = await self.beam_search(raw, batch.request_id, prompt_ids,
+                                           self.beam_params(req, params), lora)
+            if beams is None:
+                return Response(status_code=499)  # the client is gone; nobody reads this
+            batch.request_ids = [out.request_id for out in beams]
+            finals = {out.request_id: out for out in beams}
+            return JSONResponse(self._response(batch, finals).model_dump())
         if req.echo:
             batch.echo_texts, batch.echo_token_texts = await self.driver.run_tokenizer(
                 self._echo_texts, prompts, prompt_ids)
         group = self.driver.group()
         engine_prompts = [{"prompt_token_ids": ids, "prompt": p if isinstance(p, str) else None}
                           for p, ids in zip(prompts, prompt_ids, strict=True)]
-        batch.request_ids = await self.add_all(group, batch.request_id, engine_prompts, params)
+        batch.request_ids = await self.add_all(group, batch.request_id, engine_prompts, params,
+                                               lora)
         batch.index_of = {rid: i for i, rid in enumerate(batch.request_ids)}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

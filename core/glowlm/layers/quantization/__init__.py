@@ -26,6 +26,7 @@ from glowlm.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from glowlm.layers.quantization.kernels import QuantKernels
+    from glowlm.layers.quantization.moe import WeightOnlyMoEMethod
     from glowlm.ops.linear import LinearMethod
     from glowlm.platforms.interface import Platform
 
@@ -58,6 +59,12 @@ class QuantizationConfig:
     def linear_method(self, prefix: str) -> LinearMethod | None:
         """The method for the linear layer at ``prefix``, or None to leave it dense."""
         raise NotImplementedError
+
+    def moe_method(self, prefix: str) -> WeightOnlyMoEMethod | None:
+        """The method of the experts of the MoE layer at ``prefix`` (``...mlp.experts``);
+        None (the default) keeps them dense in the model dtype. GGUF runs its expert
+        blocks natively (:mod:`glowlm.layers.quantization.moe`)."""
+        return None
 
     def lm_head_method(self, prefix: str) -> LinearMethod | None:
         """The method of the LM head at ``prefix``; None (the default) keeps it dense.

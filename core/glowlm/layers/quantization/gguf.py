@@ -68,6 +68,7 @@ from glowlm.layers.quantization.kernels import (
     WeightOnlyInt,
 )
 from glowlm.layers.quantization.method import QuantLinearMethod, add_param, check_divisible
+from glowlm.layers.quantization.moe import WeightOnlyMoEMethod
 from glowlm.ops.linear import LinearMethod
 
 GROUP = 32
@@ -121,6 +122,17 @@ class GGUFConfig(QuantizationConfig):
 
     def lm_head_method(self, prefix: str) -> GGUFLinearMethod | None:
         return self._method(prefix)
+
+    def moe_method(self, prefix: str) -> WeightOnlyMoEMethod | None:
+        """The experts at ``prefix`` run natively when both their stacked projections
+        are native layers (``<prefix>.w13``: gate and up; ``<prefix>.w2``: down)."""
+        formats = {p: self.layers.get(f"{prefix}.{p}") for p in ("w13", "w2")}
+        if any(f is None for f in formats.values()):
+            return None
+        kernels = self.kernels()
+        group = min(f[1] for f in formats.values() if f is not None)
+        return WeightOnlyMoEMethod(kernels, formats,  # type: ignore[arg-type]
+                                   act_block=act_block(kernels, group))
 
     def _method(self, prefix: str) -> GGUFLinearMethod | None:
         fmt = self.layers.get(prefix)

@@ -9,15 +9,20 @@ core's references (:mod:`glowlm.ops.reference`, the reference attention backend,
   against the function of the same name in ``glowlm.ops.reference``;
 - :func:`check_attention`: two engine-shaped steps (prefills, a chunk continuing a
   prefix, decodes) through the platform's attention backend, in its own cache
-  layout, against the reference backend;
+  layout, against the reference backend; :func:`check_attention_fp8` the same over
+  8-bit caches (``--kv-cache-dtype fp8`` / ``fp8_e5m2``);
 - :func:`check_linear`: the unquantized linear method, decode and prefill shapes,
   against ``F.linear``;
 - :func:`check_model`: a tiny seeded checkpoint end to end through the engine on
   this platform (its own linear method and its fused layer and stack ops: the
-  measured linear choice is off), against the same engine on core's reference parts.
+  measured linear choice is off), against the same engine on core's reference parts;
+- :func:`check_linear_choice` (not in :data:`CHECKS`: it names the platform's op
+  namespace): the same engine with the measured choice on, where the platform's compiled
+  dense kernel must be timed on every dense shape and, pinned, run on every dense layer
+  and the LM head (:mod:`.choice`).
 
 One module per kind of check (:mod:`.ops`, :mod:`.attention`, :mod:`.model`,
-:mod:`.fallback`; the tolerances and seeded tensors in :mod:`.common`); this package
+:mod:`.fallback`, :mod:`.choice`; the tolerances and seeded tensors in :mod:`.common`); this package
 holds the suite itself (:data:`CHECKS`, :func:`cases`, :func:`platform_for`) and
 re-exports every check.
 
@@ -48,7 +53,12 @@ import torch
 
 from glowlm.ops.table import REFERENCE_OPS
 from glowlm.platforms.interface import Match, Platform, dtype_name
-from glowlm.testing.contract.attention import check_attention, step_metadata
+from glowlm.testing.contract.attention import (
+    check_attention,
+    check_attention_fp8,
+    step_metadata,
+)
+from glowlm.testing.contract.choice import check_linear_choice
 from glowlm.testing.contract.common import GEMM_TOL, TOL, Check
 from glowlm.testing.contract.fallback import check_reference_fallback
 from glowlm.testing.contract.model import check_model, check_model_layernorm, tiny_model
@@ -71,8 +81,8 @@ def platform_for(cls: type[Platform], host: Any = None) -> Platform | None:
 
 
 #: Every check, in the order :func:`cases` yields them.
-CHECKS: tuple[Check, ...] = (check_ops, check_attention, check_linear, check_model,
-                             check_model_layernorm)
+CHECKS: tuple[Check, ...] = (check_ops, check_attention, check_attention_fp8, check_linear,
+                             check_model, check_model_layernorm)
 
 
 def cases(platform: Platform | None, dtypes: Iterable[torch.dtype] | None = None
@@ -100,6 +110,6 @@ def run_all(platform: Platform, dtypes: Iterable[torch.dtype] | None = None) -> 
 
 
 __all__ = ["CHECKS", "GEMM_TOL", "REFERENCE_OPS", "TOL", "Check", "case_id", "cases",
-           "check_attention", "check_linear", "check_model", "check_model_layernorm",
-           "check_ops", "check_reference_fallback", "platform_for", "run_all",
-           "step_metadata", "tiny_model"]
+           "check_attention", "check_attention_fp8", "check_linear", "check_linear_choice",
+           "check_model", "check_model_layernorm", "check_ops", "check_reference_fallback",
+           "platform_for", "run_all", "step_metadata", "tiny_model"]

@@ -52,8 +52,9 @@ _STEP2 = [("A", 1, 41), ("C", 1, 6), ("D", 1, 2), ("B", 20, 70)]   # decodes, th
 
 
 def check_attention(platform: Platform, dtype: torch.dtype, heads: int = 8, kv_heads: int = 2,
-                    head_size: int = 64) -> None:
-    """Two steps through the platform's backend, in its own cache layout, vs the reference."""
+                    head_size: int = 64, kv_dtype: torch.dtype | None = None) -> None:
+    """Two steps through the platform's backend, in its own cache layout, vs the reference;
+    the caches in ``kv_dtype`` (default: ``dtype``, as ``--kv-cache-dtype auto``)."""
     block = max(32, platform.capabilities.block_size_multiple)
     backend, ref = platform.attention_backend(), ReferenceAttentionBackend()
     spec = AttentionLayerSpec(heads, kv_heads, head_size, head_size ** -0.5)
@@ -63,7 +64,7 @@ def check_attention(platform: Platform, dtype: torch.dtype, heads: int = 8, kv_h
     caches = {}
     for name, b in (("platform", backend), ("reference", ref)):
         shape = b.kv_cache_shape(num_blocks, block, kv_heads, head_size)
-        caches[name] = torch.zeros(shape, dtype=dtype)
+        caches[name] = torch.zeros(shape, dtype=kv_dtype or dtype)
     for step_no, step in enumerate((_STEP1, _STEP2)):
         tokens = sum(q for _, q, _ in step)
         q = randn(tokens, heads, head_size, dtype=dtype, seed=10 + step_no)
@@ -77,6 +78,17 @@ def check_attention(platform: Platform, dtype: torch.dtype, heads: int = 8, kv_h
         want = ref.forward(spec, q, k, v, caches["reference"], ref.build_metadata(meta()))
         got = backend.forward(spec, q.clone(), k.clone(), v.clone(), caches["platform"],
                               backend.build_metadata(meta()))
+        kv = f", {kv_dtype} cache".replace("torch.", "") if kv_dtype else ""
         close(got, want, TOL[dtype] if dtype != torch.float32 else dict(atol=2e-5, rtol=2e-5),
                f"attention step {step_no + 1} ({dtype_name(dtype)}, {heads}/{kv_heads} heads "
-               f"of {head_size}, block {block})")
+               f"of {head_size}, block {block}{kv})")
+
+
+def check_attention_fp8(platform: Platform, dtype: torch.dtype) -> None:
+    """``--kv-cache-dtype fp8`` and ``fp8_e5m2``: the platform's backend (which may hand
+    the layer to the reference) against the reference backend over the same 8-bit
+    caches. Both store the rows with the same saturating cast, so they read the same
+    values, and each widens them exactly (8-bit floats are bf16, fp16 and fp32 values):
+    the tolerance is the activation dtype's."""
+    for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        check_attention(platform, dtype, kv_dtype=kv_dtype)

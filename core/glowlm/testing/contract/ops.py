@@ -65,6 +65,22 @@ def _op_cases(dtype: torch.dtype) -> dict[str, list[tuple[Any, ...]]]:
         weights, ids = reference.moe_route(logits, top_k, renormalize=True)
         moe.append((x, w13, w2, weights, ids, "silu"))
     cases["fused_moe"] = moe
+    # LoRA updates: decode rows on three slots and the base, one prefill on one slot (all
+    # rows), and a slot of a fused q|k|v layer's block-diagonal shape.
+    lora = []
+    for rows, width, out, k, row_slot in ((4, 64, 96, 16, [2, -1, 0, 2]),
+                                          (33, 128, 48, 8, [1] * 33),
+                                          (7, 64, 192, 48, [0, 1, 1, -1, 2, 0, 1])):
+        x = randn(rows, width, dtype=dtype, seed=30 + rows)
+        y = randn(rows, out, dtype=dtype, seed=31 + rows)
+        a = randn(3, k, width, dtype=dtype, seed=32) * 0.125
+        b = randn(3, out, k, dtype=dtype, seed=33) * 0.25
+        groups: list[tuple[int, torch.Tensor | None]] = []
+        for s in sorted(set(row_slot) - {-1}):
+            idx = [i for i, t in enumerate(row_slot) if t == s]
+            groups.append((s, None if len(idx) == rows else torch.tensor(idx)))
+        lora.append((y, x, a, b, groups))
+    cases["lora_shrink_expand"] = lora
     return cases
 
 
@@ -81,7 +97,8 @@ def check_ops(platform: Platform, dtype: torch.dtype) -> None:
     assert not missing, f"the contract suite has no case for op(s) {missing}"
     for name in replaced:
         ref = getattr(reference, name)
-        tol = GEMM_TOL[dtype] if name in ("dense_linear", "fused_moe") else TOL[dtype]
+        tol = GEMM_TOL[dtype] if name in ("dense_linear", "fused_moe",
+                                          "lora_shrink_expand") else TOL[dtype]
         for i, args in enumerate(cases[name]):
             want = ref(*args)
             got = getattr(ops, name)(*[a.clone() if isinstance(a, torch.Tensor) else a

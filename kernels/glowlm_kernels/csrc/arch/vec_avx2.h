@@ -28,6 +28,18 @@ inline VecF load(const bf16* p) {
 inline VecF load(const fp16* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
 }
+// 8 fp8 bytes -> fp16 bits -> fp32 (types.h: the E4M3 bits shifted are 2^-8 x value).
+inline VecF load(const fp8e5m2* p) {
+  __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return {_mm256_cvtph_ps(_mm_slli_epi16(b, 8))};
+}
+// E4M3 as in vec_avx512.h: shift left 7, then carry the sign from bit 14 to bit 15.
+inline VecF load(const fp8e4m3* p) {
+  __m128i t = _mm_slli_epi16(
+      _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 7);
+  __m128i h = _mm_add_epi16(t, _mm_and_si128(t, _mm_set1_epi16(0x4000)));
+  return {_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f))};
+}
 inline void store(float* p, VecF a) { _mm256_storeu_ps(p, a.v); }
 inline void store(bf16* p, VecF a) {
   // Round to nearest even: add 0x7fff + lsb of the kept half, then keep the top 16 bits.

@@ -39,6 +39,20 @@ inline VecF load(const fp16* p) {
   const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(p)));
   return {vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h)};
 }
+// 8 fp8 bytes -> fp16 bits -> fp32 (types.h: the E4M3 bits shifted are 2^-8 x value).
+inline VecF load(const fp8e5m2* p) {
+  const uint16x8_t b = vmovl_u8(vld1_u8(reinterpret_cast<const uint8_t*>(p)));
+  const float16x8_t h = vreinterpretq_f16_u16(vshlq_n_u16(b, 8));
+  return {vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h)};
+}
+inline VecF load(const fp8e4m3* p) {
+  const uint16x8_t b = vmovl_u8(vld1_u8(reinterpret_cast<const uint8_t*>(p)));
+  const uint16x8_t bits = vorrq_u16(vshlq_n_u16(vandq_u16(b, vdupq_n_u16(0x80)), 8),
+                                    vshlq_n_u16(vandq_u16(b, vdupq_n_u16(0x7f)), 7));
+  const float16x8_t h = vreinterpretq_f16_u16(bits);
+  const float32x4_t k = vdupq_n_f32(256.0f);
+  return {vmulq_f32(vcvt_f32_f16(vget_low_f16(h)), k), vmulq_f32(vcvt_high_f32_f16(h), k)};
+}
 inline void store(float* p, VecF a) {
   vst1q_f32(p, a.lo);
   vst1q_f32(p + 4, a.hi);

@@ -47,6 +47,16 @@ inline VecF load(const fp16* p) {
   for (int i = 0; i < W; ++i) a.v[i] = to_float(p[i]);
   return a;
 }
+inline VecF load(const fp8e5m2* p) {
+  VecF a;
+  for (int i = 0; i < W; ++i) a.v[i] = to_float(p[i]);
+  return a;
+}
+inline VecF load(const fp8e4m3* p) {
+  VecF a;
+  for (int i = 0; i < W; ++i) a.v[i] = to_float(p[i]);
+  return a;
+}
 inline void store(float* p, VecF a) { std::memcpy(p, &a.v, sizeof(F8)); }
 inline void store(bf16* p, VecF a) {
   // Round to nearest even through the integer bits; NaN stays a quiet NaN.

@@ -19,6 +19,16 @@ struct bf16 {
 struct fp16 {
   uint16_t x;
 };
+// 8-bit floats of the KV cache (--kv-cache-dtype fp8 / fp8_e5m2), the layouts of
+// c10::Float8_e4m3fn (bias 7, no infinities, 448 the largest) and c10::Float8_e5m2
+// (fp16's top byte). Only loads widen them in the kernels: the cache is written by
+// torch's cast, which saturates and rounds to nearest even.
+struct fp8e4m3 {
+  uint8_t x;
+};
+struct fp8e5m2 {
+  uint8_t x;
+};
 
 inline uint32_t float_bits(float f) {
   uint32_t u;
@@ -44,6 +54,16 @@ inline float to_float(fp16 h) {
   }
   if (exp == 31) return bits_float(sign | 0x7f800000u | (mant << 13));  // inf / NaN
   return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+// E5M2 is fp16 with the low byte dropped; E4M3's exponent and mantissa bits, shifted
+// into fp16's places, are an fp16 of 2^-8 times the value (bias 15 against 7; E4M3's
+// subnormals land on fp16 normals or subnormals of the same scale), so the vector loads
+// widen both through the fp16 conversion the CPU has.
+inline float to_float(fp8e5m2 v) { return to_float(fp16{static_cast<uint16_t>(v.x << 8)}); }
+inline float to_float(fp8e4m3 v) {
+  const uint16_t h = static_cast<uint16_t>(((v.x & 0x80u) << 8) | ((v.x & 0x7fu) << 7));
+  return to_float(fp16{h}) * 256.0f;
 }
 
 template <typename T>

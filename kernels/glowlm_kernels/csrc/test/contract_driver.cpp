@@ -34,6 +34,7 @@
 #include "cpu/attention.h"
 #include "cpu/gemm.h"
 #include "cpu/gemv.h"
+#include "cpu/lora.h"
 #include "cpu/norm_act.h"
 #include "cpu/rotary.h"
 // The quantized kernels over test/aten_shim: glowlm_kernels.build.QUANT_SOURCES.
@@ -183,6 +184,20 @@ std::string linear_case(const Case& c) {
   return compare(c, "want", floats(y));
 }
 
+// cpu::lora_shrink_expand: y + each row's slot update (slots -1: y as is), a/b in WT;
+// gemv_max_m splits the cases between the GEMV and the blocked GEMM paths.
+template <typename T, typename WT>
+std::string lora_case(const Case& c) {
+  const int64_t n = c.i("n"), in = c.i("in"), S = c.i("slots_n"), k = c.i("k");
+  const int64_t out_f = c.i("out");
+  std::vector<T> y = as<T>(c.a("y")), x = as<T>(c.a("x")), out(n * out_f);
+  std::vector<WT> a = as<WT>(c.a("a")), b = as<WT>(c.a("b"));
+  std::vector<int64_t> slots = int64s(c.a("slots"));
+  glowlm::cpu::lora_shrink_expand(y.data(), x.data(), n, in, a.data(), b.data(), S, k, out_f,
+                                  slots.data(), c.i("gemv_max_m"), out.data());
+  return compare(c, "want", floats(out));
+}
+
 // write_kv of the step's keys/values into a cache in C, then paged attention; q/out in T.
 template <typename T, typename C>
 std::string attention_case(const Case& c) {
@@ -275,6 +290,11 @@ std::string with_weight(const Case& c) {
   if (norm) {
     if (c.wdt == "f32") return norm_case<T, float>(c);
     return norm_case<T, T>(c);  // the norm weight has x's dtype or is fp32
+  }
+  if (c.op == "lora_shrink_expand") {
+    if (c.wdt == "f32") return lora_case<T, float>(c);
+    if (c.wdt == "bf16") return lora_case<T, bf16>(c);
+    return lora_case<T, fp16>(c);
   }
   if (c.op == "gemv" || c.op == "gemm") {
     if (c.wdt == "f32") return linear_case<T, float>(c);

@@ -11,6 +11,14 @@ namespace glowlm {
 using vec::kIsa;
 using vec::W;
 
+// Rows in the cache's dtype: 8-bit floats saturate at their largest finite value (as
+// glowlm.attention.backend.to_cache does; torch's E5M2 cast alone would give inf).
+static at::Tensor to_cache(const at::Tensor& x, at::ScalarType dtype) {
+  if (dtype == at::kFloat8_e4m3fn) return x.clamp(-448.0, 448.0).to(dtype);
+  if (dtype == at::kFloat8_e5m2) return x.clamp(-57344.0, 57344.0).to(dtype);
+  return x.to(dtype);
+}
+
 void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
               const at::Tensor& slot_mapping_in) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
@@ -26,8 +34,8 @@ void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& val
   const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t)
     TORCH_CHECK(sp[t] < total, "write_kv: slot ", sp[t], " beyond the cache's ", total);
-  at::Tensor k_c = k.to(kv_cache.scalar_type()), v_c = v.to(kv_cache.scalar_type());
-  GLOWLM_DISPATCH_FLOAT_TYPES(kv_cache.scalar_type(), "write_kv", [&] {
+  at::Tensor k_c = to_cache(k, kv_cache.scalar_type()), v_c = to_cache(v, kv_cache.scalar_type());
+  GLOWLM_DISPATCH_KV_TYPES(kv_cache.scalar_type(), "write_kv", [&] {
     cpu::write_kv(ptr<scalar_t>(kv_cache), kv_cache.stride(0), bs, ptr<scalar_t>(k_c),
                   k_c.stride(0), k_c.stride(1), ptr<scalar_t>(v_c), v_c.stride(0),
                   v_c.stride(1), sp, tokens, heads, hs);
@@ -89,7 +97,7 @@ at::Tensor paged_attention_window(const at::Tensor& query, const at::Tensor& kv_
     qf = qbuf.data();
     of = obuf.data();
   }
-  GLOWLM_DISPATCH_FLOAT_TYPES(kv_cache.scalar_type(), "paged_attention", [&] {
+  GLOWLM_DISPATCH_KV_TYPES(kv_cache.scalar_type(), "paged_attention", [&] {
     cpu::paged_attention(g, qf, of, ptr<scalar_t>(kv_cache), tables.data_ptr<int32_t>(), qp,
                          lp, seqs);
   });

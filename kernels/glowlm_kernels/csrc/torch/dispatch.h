@@ -38,3 +38,21 @@ inline T* ptr(const at::Tensor& t) {
       TORCH_CHECK(false, NAME, ": unsupported dtype ", DTYPE,                  \
                   " (supported: float32, bfloat16, float16)");                 \
   }
+
+// The KV cache's dtypes: the three float types, and the 8-bit floats of
+// --kv-cache-dtype fp8 / fp8_e5m2 (c10::Float8_e4m3fn / Float8_e5m2's layout).
+#define GLOWLM_DISPATCH_KV_TYPES(DTYPE, NAME, ...)                            \
+  switch (DTYPE) {                                                             \
+    case at::kFloat8_e4m3fn: {                                                 \
+      using scalar_t = glowlm::fp8e4m3;                                        \
+      __VA_ARGS__();                                                           \
+      break;                                                                   \
+    }                                                                          \
+    case at::kFloat8_e5m2: {                                                   \
+      using scalar_t = glowlm::fp8e5m2;                                        \
+      __VA_ARGS__();                                                           \
+      break;                                                                   \
+    }                                                                          \
+    default:                                                                   \
+      GLOWLM_DISPATCH_FLOAT_TYPES(DTYPE, NAME, __VA_ARGS__);                   \
+  }

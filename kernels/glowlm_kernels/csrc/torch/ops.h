@@ -38,6 +38,11 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight,
                 const std::optional<at::Tensor>& bias);
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& weight,
                 const std::optional<at::Tensor>& bias);
+// lora.cpp: LoRA adapters' updates on their rows after a linear layer's base matmul.
+at::Tensor lora_shrink_expand(const at::Tensor& y, const at::Tensor& x, const at::Tensor& a,
+                              const at::Tensor& b, const at::Tensor& slots,
+                              int64_t gemv_max_m);
+
 // moe.cpp: a mixture-of-experts layer's routed experts, grouped by expert.
 at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& w13, const at::Tensor& w2,
                      const at::Tensor& topk_weights, const at::Tensor& topk_ids,

@@ -29,6 +29,8 @@ GLOWLM_LIBRARY(GLOWLM_OPS_NAMESPACE, m) {
   m.def("gemm(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("fused_moe(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids,"
         " str activation, int gemv_max_m) -> Tensor");
+  m.def("lora_shrink_expand(Tensor y, Tensor x, Tensor a, Tensor b, Tensor slots,"
+        " int gemv_max_m) -> Tensor");
   // The block-packed GEMM (gemm_packed.cpp): W lanes per block for the dtypes this build
   // runs (float32; bfloat16 with the pairwise bf16 dot product), else 0 (and the other
   // two refuse).
@@ -94,6 +96,7 @@ GLOWLM_LIBRARY_IMPL(GLOWLM_OPS_NAMESPACE, CPU, m) {
   m.impl("gemv", &glowlm::gemv);
   m.impl("gemm", &glowlm::gemm);
   m.impl("fused_moe", &glowlm::fused_moe);
+  m.impl("lora_shrink_expand", &glowlm::lora_shrink_expand);
   m.impl("pack_blocks", &glowlm::pack_blocks);
   m.impl("pack_blocks_into", &glowlm::pack_blocks_into);
   m.impl("gemm_packed", &glowlm::gemm_packed);

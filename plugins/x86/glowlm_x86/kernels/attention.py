@@ -12,6 +12,7 @@ every sequence of the step fits inside the window, where the window hides nothin
 and ``paged_attention_window`` (the same kernel, attending only keys ``p`` with
 ``q - window < p <= q``) once some sequence is longer: the very kernel Gemma 3's
 fused stack runs, so the module path and the stack agree past the window too.
+Layers with soft-capped scores (Gemma 2) run core's reference attention.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ from glowlm.plugin_api import (
 
 from glowlm_x86.kernels import ops
 
-KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: Cache dtypes the kernel reads: the float types, and the 8-bit floats of
+#: ``--kv-cache-dtype fp8`` / ``fp8_e5m2``, widened to fp32 in registers as they are read
+#: (never into a copy of the cache), so decode attention reads half of bf16's bytes.
+KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
+             torch.float8_e5m2)
 
 
 class X86AttentionBackend(AttentionBackend):
-    """Compiled decode + chunked-prefill attention (GQA/MQA, fp32/bf16/fp16 KV)."""
+    """Compiled decode + chunked-prefill attention (GQA/MQA; fp32/bf16/fp16/fp8 KV)."""
 
     name = "x86"
 
@@ -54,7 +59,8 @@ class X86AttentionBackend(AttentionBackend):
     def forward(self, layer: AttentionLayerSpec, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
                 ) -> torch.Tensor:
-        if not self.supports(layer.head_size, metadata.block_size, kv_cache.dtype):
+        if not self.supports(layer.head_size, metadata.block_size, kv_cache.dtype) \
+                or layer.logits_soft_cap is not None:  # the kernels have no score cap
             return self._reference.forward(layer, query, key, value, kv_cache, metadata)
         ops.write_kv(kv_cache, key, value, metadata.slot_mapping)
         if self.kernel_covers(layer, metadata):

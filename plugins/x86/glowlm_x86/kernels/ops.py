@@ -16,9 +16,9 @@ from torch import Tensor
 
 #: Every op the compiled module defines (shown in ``Capabilities.kernels``).
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul",
-            "gelu", "gelu_tanh", "relu", "gemv", "gemm", "fused_moe", "packed_width", "pack_blocks",
-            "pack_blocks_into", "gemm_packed", "write_kv", "paged_attention",
-            "paged_attention_window",
+            "gelu", "gelu_tanh", "relu", "gemv", "gemm", "fused_moe", "lora_shrink_expand",
+            "packed_width", "pack_blocks", "pack_blocks_into", "gemm_packed", "write_kv",
+            "paged_attention", "paged_attention_window",
             "ln_decoder_layer", "rms_decoder_layer", "ln_decoder_stack", "rms_decoder_stack",
             "rms_decoder_stack_q", "gemma_decoder_stack", "shm_all_reduce")
 
@@ -80,6 +80,19 @@ def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids
     or GEMM over its tokens, the weighted sum in fp32."""
     return torch.ops.glowlm_x86.fused_moe(x, w13, w2, topk_weights, topk_ids, activation,
                                           gemv_max_m)
+
+
+def lora_shrink_expand(y: Tensor, x: Tensor, a: Tensor, b: Tensor,
+                       groups: list[tuple[int, Tensor | None]], slots: Tensor | None = None,
+                       gemv_max_m: int = 8) -> Tensor:
+    """LoRA updates on their rows (``reference.lora_shrink_expand``'s contract): each used
+    slot's rows gathered once, shrink and expand as GEMVs (GEMMs above ``gemv_max_m``
+    rows), the intermediate in fp32."""
+    if slots is None:
+        from glowlm.plugin_api import reference_ops
+
+        slots = reference_ops.lora_row_slots(groups, x.shape[0])
+    return torch.ops.glowlm_x86.lora_shrink_expand(y, x, a, b, slots, gemv_max_m)
 
 
 def packed_width(dtype: torch.dtype) -> int:
@@ -193,6 +206,11 @@ def _register_fakes() -> None:
     @reg("glowlm_x86::gemm")
     def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty((x.shape[0], weight.shape[0]))
+
+    @reg("glowlm_x86::lora_shrink_expand")
+    def _(y: Tensor, x: Tensor, a: Tensor, b: Tensor, slots: Tensor, gemv_max_m: int
+          ) -> Tensor:
+        return torch.empty_like(y)
 
     @reg("glowlm_x86::fused_moe")
     def _(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,

@@ -4,7 +4,8 @@
   sampling fields completions and chat completions share;
 - :mod:`.completions`: ``/v1/completions``;
 - :mod:`.chat`: ``/v1/chat/completions`` (messages, tools, tool choice);
-- :mod:`.tokenize`: ``/tokenize`` and ``/detokenize``.
+- :mod:`.tokenize`: ``/tokenize`` and ``/detokenize``;
+- :mod:`.lora`: ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
 
 Every model is importable from here too (``from glowlm.entrypoints.openai.protocol
 import ChatCompletionRequest``). The errors' shape is
@@ -31,10 +32,14 @@ from glowlm.entrypoints.openai.protocol.common import (
     parse_request,
 )
 from glowlm.entrypoints.openai.protocol.completions import CompletionRequest
+from glowlm.entrypoints.openai.protocol.lora import (
+    LoadLoRAAdapterRequest,
+    UnloadLoRAAdapterRequest,
+)
 from glowlm.entrypoints.openai.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "ChatTool", "CompletionRequest",
-           "DetokenizeRequest", "FunctionDefinition", "JsonSchemaFormat", "NamedFunction",
-           "NamedToolChoice", "OpenAIModel", "ResponseFormat", "SamplingRequest",
-           "StreamOptions", "StructuredOutputs", "TextPart", "TokenizeRequest",
-           "parse_request"]
+           "DetokenizeRequest", "FunctionDefinition", "JsonSchemaFormat",
+           "LoadLoRAAdapterRequest", "NamedFunction", "NamedToolChoice", "OpenAIModel",
+           "ResponseFormat", "SamplingRequest", "StreamOptions", "StructuredOutputs",
+           "TextPart", "TokenizeRequest", "UnloadLoRAAdapterRequest", "parse_request"]

@@ -137,6 +137,9 @@ class SamplingRequest(OpenAIModel):
     prompt_logprobs: int | None = Field(None, le=INT_LIMIT)
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT_LIMIT)
     structured_outputs: StructuredOutputs | None = None
+    #: vLLM's beam search: ``n`` beams, all returned as the ``n`` choices (not streamed).
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
     # vLLM's older names for structured_outputs:
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
