@@ -47,12 +47,14 @@ def record(name: str, value: Any) -> None:
         p.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 
-def serve(model: Path, log: Path, *args: str) -> ServerProcess:
+def serve(model: Path, log: Path, *args: str, env: dict[str, str] | None = None
+          ) -> ServerProcess:
     """``glowlm serve`` with the suite's key (from ``GLOWLM_API_KEY``, so the variable is
-    exercised) on the platform of ``GLOWLM_PLATFORM`` (default: core's reference ops)."""
-    env = {"GLOWLM_API_KEY": KEY,
-           "GLOWLM_PLATFORM": os.environ.get("GLOWLM_PLATFORM", "generic")}
-    return start_server(model, log, "--served-model-name", MODEL, *args, env=env)
+    exercised) on the platform of ``GLOWLM_PLATFORM`` (default: core's reference ops);
+    ``env`` adds variables for the server process."""
+    full = {"GLOWLM_API_KEY": KEY,
+            "GLOWLM_PLATFORM": os.environ.get("GLOWLM_PLATFORM", "generic"), **(env or {})}
+    return start_server(model, log, "--served-model-name", MODEL, *args, env=full)
 
 
 def metrics(server: ServerProcess) -> dict[str, float]:
