@@ -70,18 +70,22 @@ def tokenize_input(tokenizer: Any, text: str, text_pair: str | None, truncate: i
 
 
 def runner_for(config: EngineConfig) -> str:
-    """``generate`` or ``pooling`` for this config's model (reads config.json only)."""
+    """``generate`` or ``pooling`` for this config's model (reads config.json only;
+    ``--hf-overrides`` architectures win, as they do when the model is built)."""
     import json
 
     from glowlm.model_loader.resolve import resolve_model
     from glowlm.models.pooling import resolve_runner
     from glowlm.models.registry import model_class
 
-    path = resolve_model(config.model, config.revision, config.gguf_file).path / "config.json"
-    try:
-        archs = json.loads(path.read_text()).get("architectures")
-    except (OSError, json.JSONDecodeError):
-        return "generate" if config.runner in ("auto", "generate") else config.runner
+    archs = (config.hf_overrides or {}).get("architectures")
+    if archs is None:
+        path = resolve_model(config.model, config.revision,
+                             config.gguf_file).path / "config.json"
+        try:
+            archs = json.loads(path.read_text()).get("architectures")
+        except (OSError, json.JSONDecodeError):
+            return "generate" if config.runner in ("auto", "generate") else config.runner
     return resolve_runner(config.runner, config.convert, model_class(archs))[0]
 
 
@@ -384,9 +388,19 @@ class PoolingEngine:
                 dims = p.dimensions if p.dimensions is not None else pooler.dimensions
                 data[i] = pooler.finish(pooled[row], dims, p.normalize)
         if heads:
-            # an encoder's classifier reads the first token ([CLS]), a decoder's the last
-            rows = [starts[i] if self.is_encoder else starts[i] + lens[i] - 1 for i in heads]
-            logits = self.model.classify(hidden[torch.tensor(rows)])
+            # An encoder's classifier reads the first token ([CLS]) and a decoder's the
+            # last, unless the model pools its classifier's input itself (ModernBERT
+            # with classifier_pooling "mean").
+            reads = getattr(self.model, "classifier_reads",
+                            "first" if self.is_encoder else "last")
+            if reads == "mean":
+                feats = torch.stack([hidden[starts[i]:starts[i] + lens[i]].float().mean(0)
+                                     for i in heads]).to(hidden.dtype)
+            else:
+                rows = [starts[i] if reads == "first" else starts[i] + lens[i] - 1
+                        for i in heads]
+                feats = hidden[torch.tensor(rows)]
+            logits = self.model.classify(feats)
             for row, i in enumerate(heads):
                 act = batch[i].params.activation
                 data[i] = classification_probs(logits[row], pooler.activation

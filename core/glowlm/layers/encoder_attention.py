@@ -1,4 +1,5 @@
-"""Bidirectional attention over packed sequences, for encoders (BERT, XLM-RoBERTa).
+"""Bidirectional attention over packed sequences, for encoders (BERT, XLM-RoBERTa,
+ModernBERT).
 
 An encoder sees its whole input at once and keeps nothing for later, so it needs no KV
 cache and none of the paged backend's machinery: every token attends to every token of
@@ -42,9 +43,21 @@ class EncoderBatch:
         return cls(tuple(runs), row)
 
 
+def band_mask(length: int, window: int) -> torch.Tensor:
+    """``[length, length]``: True where two positions are at most ``window`` apart."""
+    idx = torch.arange(length)
+    return (idx[:, None] - idx[None, :]).abs() <= window
+
+
 def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            batch: EncoderBatch, num_heads: int, scale: float) -> torch.Tensor:
-    """``q``/``k``/``v``: ``[tokens, heads * head]`` -> ``[tokens, heads * head]``."""
+                            batch: EncoderBatch, num_heads: int, scale: float,
+                            window: int | None = None) -> torch.Tensor:
+    """``q``/``k``/``v``: ``[tokens, heads * head]`` -> ``[tokens, heads * head]``.
+
+    ``window``: a local layer's reach (ModernBERT): a token attends to tokens at most
+    ``window`` positions away on either side. Runs no longer than ``window + 1``
+    tokens are not masked, since every pair of their tokens is already in reach.
+    """
     width = q.shape[1]
     head = width // num_heads
     outs = []
@@ -55,6 +68,9 @@ def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  n: int = length) -> torch.Tensor:
             return t[s:e].view(c, n, num_heads, head).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(view(q), view(k), view(v), scale=scale)
+        mask = band_mask(length, window) if window is not None and length > window + 1 \
+            else None
+        out = F.scaled_dot_product_attention(view(q), view(k), view(v), attn_mask=mask,
+                                             scale=scale)
         outs.append(out.transpose(1, 2).reshape(count * length, width))
     return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -55,11 +55,17 @@ class LayerNorm(nn.LayerNorm):
     A fused decoder layer calls the same kernel, so its results equal the module path's.
     """
 
-    def __init__(self, hidden_size: int, eps: float, parts: ModelParts) -> None:
-        super().__init__(hidden_size, eps=eps, dtype=parts.dtype)
+    def __init__(self, hidden_size: int, eps: float, parts: ModelParts,
+                 bias: bool = True) -> None:
+        super().__init__(hidden_size, eps=eps, dtype=parts.dtype, bias=bias)
         self.ops = parts.ops
         self.weight.requires_grad_(False)
-        self.bias.requires_grad_(False)
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+        else:  # no bias in the checkpoint (ModernBERT's norm_bias=False); the op takes one
+            self.register_buffer("zero_bias", torch.zeros(hidden_size, dtype=parts.dtype),
+                                 persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.layer_norm(x, self.weight, self.bias, self.eps)
+        bias = self.bias if self.bias is not None else self.zero_bias
+        return self.ops.layer_norm(x, self.weight, bias, self.eps)

@@ -38,6 +38,9 @@ _MODELS: dict[str, str] = {
     "XLMRobertaModel": "glowlm.models.bert:XLMRobertaModel",
     "XLMRobertaForSequenceClassification":
         "glowlm.models.bert:XLMRobertaForSequenceClassification",
+    "ModernBertModel": "glowlm.models.modernbert:ModernBertModel",
+    "ModernBertForSequenceClassification":
+        "glowlm.models.modernbert:ModernBertForSequenceClassification",
     "Qwen3Model": "glowlm.models.pooling:Qwen3Model",
     "Qwen2Model": "glowlm.models.pooling:Qwen2Model",
     "Qwen3ForSequenceClassification": "glowlm.models.pooling:Qwen3ForSequenceClassification",

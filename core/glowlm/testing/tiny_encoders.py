@@ -1,9 +1,12 @@
-"""Tiny random BERT / XLM-RoBERTa checkpoints, and sentence-transformers directories.
+"""Tiny random BERT / XLM-RoBERTa / ModernBERT checkpoints, and sentence-transformers
+directories.
 
 Seeded transformers models saved with ``save_pretrained`` and a small WordPiece
 (BERT: ``[CLS] a [SEP] b [SEP]`` with token types) or BPE tokenizer (XLM-RoBERTa:
-``<s> a </s></s> b </s>``, padding id 1), so the pooling tests compare glowlm with
-transformers and sentence-transformers without a download.
+``<s> a </s></s> b </s>``, padding id 1; ModernBERT: ``[CLS] a [SEP] b [SEP]``, no token
+types), so the pooling tests compare glowlm with transformers and sentence-transformers
+without a download. The tiny ModernBERT has a global layer and two local layers with
+an 8-token window (4 positions on each side), so ordinary test sentences cross it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import numpy as np
 import torch
 
 ENCODER_ARCHITECTURES = ("BertModel", "BertForSequenceClassification", "XLMRobertaModel",
-                         "XLMRobertaForSequenceClassification")
+                         "XLMRobertaForSequenceClassification", "ModernBertModel",
+                         "ModernBertForSequenceClassification")
 
 _WORDS = ("the a an of to in is was for on with as by at from that this it be are or "
           "cat dog fish bird tree house car road city river sun moon star sky rain snow "
@@ -40,22 +44,27 @@ def _bert_tokenizer(out: Path) -> Any:
     return tok
 
 
-def _roberta_tokenizer(out: Path) -> Any:
+def _bpe_tokenizer(out: Path, modern: bool) -> Any:
+    """XLM-RoBERTa's ``<s> a </s></s> b </s>`` (padding id 1), or ModernBERT's
+    ``[CLS] a [SEP] b [SEP]``, over a small trained BPE."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    cls, pad, sep, unk = (("[CLS]", "[PAD]", "[SEP]", "[UNK]") if modern
+                          else ("<s>", "<pad>", "</s>", "<unk>"))
+    tok = Tokenizer(models.BPE(unk_token=unk))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<s>", "<pad>", "</s>",
-                                                                  "<unk>"],
+    specials = [cls, pad, sep, unk] + (["[MASK]"] if modern else [])
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=specials,
                                   show_progress=False)
     tok.train_from_iterator([_TEXT], trainer)
+    pair = f"{cls} $A {sep} $B {sep}" if modern else f"{cls} $A {sep} {sep} $B {sep}"
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
-        special_tokens=[("<s>", 0), ("</s>", 2)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", unk_token="<unk>", cls_token="<s>",
-                                   sep_token="</s>")
+        single=f"{cls} $A {sep}", pair=pair, special_tokens=[(cls, 0), (sep, 2)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=cls, eos_token=sep,
+                                   pad_token=pad, unk_token=unk, cls_token=cls,
+                                   sep_token=sep,
+                                   model_input_names=["input_ids", "attention_mask"])
     fast.save_pretrained(out)
     return fast
 
@@ -66,21 +75,31 @@ def make_tiny_encoder(arch: str, out: str | Path, seed: int = 0, num_labels: int
     import transformers
 
     out = Path(out)
-    roberta = arch.startswith("XLMRoberta")
-    tok = _roberta_tokenizer(out) if roberta else _bert_tokenizer(out)
-    cfg_cls = transformers.XLMRobertaConfig if roberta else transformers.BertConfig
-    settings: dict[str, Any] = dict(
-        vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, max_position_embeddings=128 + (2 if roberta else 0),
-        type_vocab_size=1 if roberta else 2, num_labels=num_labels,
-        pad_token_id=1 if roberta else 0, hidden_act="gelu")
+    roberta, modern = arch.startswith("XLMRoberta"), arch.startswith("ModernBert")
+    if modern:
+        tok = _bpe_tokenizer(out, modern=True)
+        cfg_cls = transformers.ModernBertConfig
+        settings: dict[str, Any] = dict(
+            vocab_size=len(tok), hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+            intermediate_size=96, max_position_embeddings=256, local_attention=8,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+            num_labels=num_labels, pad_token_id=1, cls_token_id=0, bos_token_id=0,
+            sep_token_id=2, eos_token_id=2, hidden_activation="gelu")
+    else:
+        tok = _bpe_tokenizer(out, modern=False) if roberta else _bert_tokenizer(out)
+        cfg_cls = transformers.XLMRobertaConfig if roberta else transformers.BertConfig
+        settings = dict(
+            vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, max_position_embeddings=128 + (2 if roberta else 0),
+            type_vocab_size=1 if roberta else 2, num_labels=num_labels,
+            pad_token_id=1 if roberta else 0, hidden_act="gelu")
     settings.update(overrides)
     config = cfg_cls(**settings)
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(config).eval()
     with torch.no_grad():  # wider weights than the default 0.02 init: outputs differ per input
         for name, p in model.named_parameters():
-            if "LayerNorm" not in name:
+            if "LayerNorm" not in name and "norm" not in name:
                 p.normal_(0.0, 0.15)
     model.save_pretrained(out)
     return out
