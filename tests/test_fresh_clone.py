@@ -66,3 +66,10 @@ def test_bench_model_script_runs_in_the_clone(clone: Path, tmp_path: Path) -> No
         assert config["dtype"] == "bfloat16"
         assert (out / name / "model.safetensors").is_file()
         assert (out / name / "tokenizer.json").is_file()
+    # the embedding benchmark's checkpoint: a sentence-transformers directory
+    subprocess.run([sys.executable, "tools/make_bench_models.py", str(out), "--smoke",
+                    "--only", "bert-base-st-rand"], cwd=clone, check=True, capture_output=True)
+    st = out / "bert-base-st-rand"
+    assert [m["path"] for m in json.loads((st / "modules.json").read_text())] == [
+        "", "1_Pooling", "2_Normalize"]
+    assert json.loads((st / "1_Pooling" / "config.json").read_text())["pooling_mode_mean_tokens"]

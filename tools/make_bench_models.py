@@ -12,7 +12,11 @@ standard library:
 - ``opt-125m-rand``: the shape of OPT-125m;
 - ``qwen3-moe-rand``: a Qwen3-MoE shape (hidden 1024, 16 layers, 16 query / 4 KV heads
   of 64, 64 experts of intermediate 256, 8 routed per token, q/k norm), ~0.9 B
-  parameters of which ~0.18 B are active per token.
+  parameters of which ~0.18 B are active per token;
+- ``bert-base-st-rand``: a BERT-base embedding model (hidden 768, 12 layers, 12 heads,
+  intermediate 3072, 512 positions; bge-base / e5-base shape, 109 M parameters) as a
+  sentence-transformers directory (mean pooling, Normalize), saved by
+  sentence-transformers itself, for ``glowlm bench embed``.
 
 Everything comes from fixed seeds and this interpreter's standard library, so
 the same Python and library versions give the same files. Weights are random:
@@ -113,10 +117,41 @@ def qwen3_moe(vocab: int, smoke: bool) -> Any:
         pad_token_id=1))
 
 
+def bert_base(vocab: int, smoke: bool) -> Any:
+    from transformers import BertConfig, BertModel
+
+    shape = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072)
+    if smoke:
+        shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128)
+    return BertModel(BertConfig(**shape, max_position_embeddings=512, vocab_size=vocab,
+                                type_vocab_size=2, pad_token_id=1), add_pooling_layer=False)
+
+
+def _as_sentence_transformer(target: Path) -> None:
+    """Rewrite ``target`` (a saved encoder) as sentence-transformers saves an embedder:
+    modules.json, 1_Pooling (mean), 2_Normalize."""
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    tok.pad_token = SPECIAL[1]  # batches of several lengths pad with </s> (pad_token_id 1)
+    tok.save_pretrained(target)
+    word = models.Transformer(str(target), max_seq_length=512)
+    dim = int(word.auto_model.config.hidden_size)
+    SentenceTransformer(modules=[word, models.Pooling(dim, pooling_mode="mean"),
+                                 models.Normalize()], device="cpu").save(str(target))
+
+
 MODELS: dict[str, Callable[[int, bool], Any]] = {"llama-1b-rand": llama_1b,
                                                   "opt-125m-rand": opt_125m,
-                                                  "qwen3-moe-rand": qwen3_moe}
-#: What ``make bench-models`` writes; the MoE shape is made by the MoE benchmarks only.
+                                                  "qwen3-moe-rand": qwen3_moe,
+                                                  "bert-base-st-rand": bert_base}
+#: sentence-transformers directories (written by :func:`_as_sentence_transformer`)
+EMBEDDERS = {"bert-base-st-rand"}
+#: What ``make bench-models`` writes; the MoE shape is made by the MoE benchmarks only,
+#: the embedder by ``glowlm bench embed``'s users.
 DEFAULT = ["llama-1b-rand", "opt-125m-rand"]
 
 
@@ -138,6 +173,8 @@ def make(out: Path, names: list[str], smoke: bool = False) -> list[Path]:
         model = MODELS[name](len(tokenizer), smoke).to(torch.bfloat16)
         model.save_pretrained(target, safe_serialization=True)
         tokenizer.save_pretrained(target)
+        if name in EMBEDDERS:
+            _as_sentence_transformer(target)
         params = sum(p.numel() for p in model.parameters())
         print(f"{target}: {params / 1e6:.1f} M parameters, bf16")
     return made
