@@ -329,6 +329,24 @@ def test_small_wins_do_not_turn_the_fused_ops_off(
         assert plan.fused_classes == {"layer": []}
 
 
+def test_no_fused_op_no_fused_preference(env: dict[str, str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model with no fused op (an encoder, or a platform without them) gains nothing
+    from the fused kernel, so each shape's winner stands however much fused ops would
+    save."""
+    monkeypatch.setattr(lc, "FUSED_SAVING_US", 1e6)
+
+    def cand(name: str, decode_s: float, **kw: object) -> LinearCandidate:
+        def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+            CLOCK[0].now += decode_s
+            return _dense(layer, x, bias)
+        return LinearCandidate(name, "1", apply, **kw)  # type: ignore[arg-type]
+
+    model = TwoLayers(Method([cand("kernel", 0.0002, fused=True), cand("other", 0.0001)]))
+    assert choose(model, env).winners()["decode"] == {"other": 2}
+
+
 def test_cached_choices_lists_this_cpu_only(env: dict[str, str]) -> None:
     rec = Recorder()
     choose(TwoLayers(Method([rec.candidate("a"), rec.candidate("b")])), env)

@@ -58,10 +58,11 @@ on the model) is kept for the token classes where *every* linear it covers chose
 chosen implementations) for the others — for example, on a host where oneDNN wins
 bf16 prefill, prefill runs layer by layer and decode still runs the whole stack.
 Per-shape timings cannot see what the fused ops save (the Python and the op calls
-between kernels), so a class's winners are weighed for the whole model too
-(:func:`keep_fused`): where the ``fused`` incumbent loses a class by less, summed over
-every layer, than :data:`FUSED_SAVING_US` per linear the fused ops cover, the incumbent
-keeps those layers and the fused ops stay on.
+between kernels), so in a model where a fused op runs (encoders have none) a class's
+winners are weighed for the whole model too (:func:`keep_fused`): where the ``fused``
+incumbent loses a class by less, summed over every layer, than :data:`FUSED_SAVING_US`
+per linear the fused ops cover, the incumbent keeps those layers and the fused ops stay
+on.
 
 The parts: :mod:`.candidates` (what is chosen between, and the per-row dispatch),
 :mod:`.sites` (where a choice is installed), :mod:`.measure` (the timing),
@@ -103,7 +104,14 @@ from glowlm.layers.linear_choice.measure import (
     Measurement,
     measure,
 )
-from glowlm.layers.linear_choice.sites import _gate_fused, _groups, _impls, _install, find_sites
+from glowlm.layers.linear_choice.sites import (
+    _gate_fused,
+    _groups,
+    _impls,
+    _install,
+    find_sites,
+    has_fused_ops,
+)
 from glowlm.logger import init_logger
 from glowlm.ops.linear import (
     ONEDNN_LINEAR,
@@ -303,7 +311,7 @@ def choose_for_model(model: nn.Module, dtype: torch.dtype, unquantized: LinearMe
                     classes[cls.name] = classes[prev]
             plan.shapes[k] = classes
             choices[k] = {c: m.winner for c, m in classes.items()}
-    if plan.mode != "pinned":
+    if plan.mode != "pinned" and has_fused_ops(model):
         keep_fused(groups, plan, choices)
     shared: dict[str, ChosenLinearMethod] = {}
     chosen: dict[int, list[tuple[int | None, LinearCandidate]]] = {}

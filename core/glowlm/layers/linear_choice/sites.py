@@ -136,6 +136,16 @@ def _install(site: _Site, impls: list[tuple[int | None, LinearCandidate]],
             only.finalize(site.module)
 
 
+def has_fused_ops(model: nn.Module) -> bool:
+    """Whether any fused layer or stack op of the platform runs in ``model``. Encoders
+    and platforms without fused ops have none: there, no linear is kept on the fused
+    kernel for their sake (:func:`glowlm.layers.linear_choice.keep_fused`)."""
+    from glowlm.layers.fused import FusedLayer, FusedStack
+
+    return any(isinstance(obj, FusedLayer | FusedStack) and obj.fn is not None
+               for owner in model.modules() for obj in vars(owner).values())
+
+
 def _gate_fused(model: nn.Module, chosen: dict[int, list[tuple[int | None, LinearCandidate]]]
                 ) -> dict[str, list[str]]:
     """Keep each fused op only for the classes where every linear under its owner runs a

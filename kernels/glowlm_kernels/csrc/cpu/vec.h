@@ -65,4 +65,17 @@ inline VecF tanh(VecF x) {
   return sub(set1(1.0f), div(set1(2.0f), add(e, set1(1.0f))));
 }
 
+// erfc(z) for z >= 0: Abramowitz & Stegun 7.1.26, t = 1 / (1 + p z),
+// erfc(z) = t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z^2), absolute error at most
+// 1.5e-7. This is the same approximation ATen's vectorized erf uses, so glowlm's
+// GELU is as accurate as torch's F.gelu, which is the reference.
+inline VecF erfc_nonneg(VecF z) {
+  VecF t = div(set1(1.0f), fmadd(set1(0.3275911f), z, set1(1.0f)));
+  VecF poly = fmadd(set1(1.061405429f), t, set1(-1.453152027f));
+  poly = fmadd(poly, t, set1(1.421413741f));
+  poly = fmadd(poly, t, set1(-0.284496736f));
+  poly = fmadd(poly, t, set1(0.254829592f));
+  return mul(mul(poly, t), exp(sub(zero(), mul(z, z))));
+}
+
 }  // namespace glowlm::vec
