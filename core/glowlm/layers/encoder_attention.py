@@ -17,6 +17,7 @@ than the sum of the squares of each sequence's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +44,12 @@ class EncoderBatch:
         return cls(tuple(runs), row)
 
 
+@lru_cache(maxsize=4)
 def band_mask(length: int, window: int) -> torch.Tensor:
-    """``[length, length]``: True where two positions are at most ``window`` apart."""
+    """``[length, length]``: True where two positions are at most ``window`` apart.
+
+    Cached: every local layer of a step asks for the same few lengths. The caller
+    must not modify the mask, and attention only reads it."""
     idx = torch.arange(length)
     return (idx[:, None] - idx[None, :]).abs() <= window
 

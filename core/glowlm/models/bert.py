@@ -39,6 +39,13 @@ from glowlm.models.base import CausalLM
 _STACKED = [("qkv_proj", "query", "q"), ("qkv_proj", "key", "k"), ("qkv_proj", "value", "v")]
 
 
+def check_one_rank(parts: ModelParts) -> None:
+    """Encoders run on one rank: the pooling engine has no tensor or pipeline split."""
+    if parts.parallel.tp_size > 1 or parts.parallel.pp_size > 1:
+        raise ModelLoadError("encoder models run on one rank (no tensor or pipeline "
+                             "parallelism)")
+
+
 class _Table(nn.Module):
     """A lookup table (positions, token types) loaded as the checkpoint stores it."""
 
@@ -176,9 +183,7 @@ class BertModel(nn.Module):
 
     def __init__(self, config: Any, parts: ModelParts) -> None:
         super().__init__()
-        if parts.parallel.tp_size > 1 or parts.parallel.pp_size > 1:
-            raise ModelLoadError("encoder models run on one rank (no tensor or pipeline "
-                                 "parallelism)")
+        check_one_rank(parts)
         if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
             raise ModelLoadError(f"position_embedding_type "
                                  f"{config.position_embedding_type!r} is not supported "

@@ -38,6 +38,7 @@ from glowlm.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowPara
 from glowlm.layers.norm import LayerNorm
 from glowlm.layers.rotary import RotaryEmbedding
 from glowlm.models.base import CausalLM
+from glowlm.models.bert import BertModel, check_one_rank
 
 _THETA = {"full_attention": ("global_rope_theta", 160_000.0),
           "sliding_attention": ("local_rope_theta", 10_000.0)}
@@ -160,9 +161,7 @@ class ModernBertModel(nn.Module):
 
     def __init__(self, config: Any, parts: ModelParts) -> None:
         super().__init__()
-        if parts.parallel.tp_size > 1 or parts.parallel.pp_size > 1:
-            raise ModelLoadError("encoder models run on one rank (no tensor or pipeline "
-                                 "parallelism)")
+        check_one_rank(parts)
         kinds = layer_types(config)
         if len(kinds) != config.num_hidden_layers or set(kinds) - set(_THETA):
             raise ModelLoadError(f"layer_types {kinds} must name one of "
@@ -195,9 +194,7 @@ class ModernBertModel(nn.Module):
             x = layer(x, positions, batch)
         return self.final_norm(x)
 
-    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
-        raise ModelLoadError(f"{type(self).__name__} has no classification head; serve a "
-                             "*ForSequenceClassification checkpoint")
+    classify = BertModel.classify  # the base encoder has no head: one readable line
 
     def rename(self, name: str) -> str | None:
         name = name.removeprefix("model.")
