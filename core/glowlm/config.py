@@ -158,7 +158,7 @@ class SpeculativeConfig:
                               f"{self.adaptive!r}")
 #: The --kv-cache-dtype names (their dtypes: glowlm.attention.backend.KV_CACHE_DTYPES).
 KV_CACHE_DTYPE_NAMES = ("auto", "bfloat16", "float16", "half", "float32", "float", "fp8",
-                        "fp8_e4m3", "fp8_e5m2")
+                        "fp8_e4m3", "fp8_e5m2", "int8")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""``--kv-cache-dtype``: 8-bit float caches (fp8 = E4M3, fp8_e5m2) and the float ones.
+"""``--kv-cache-dtype``: 8-bit float caches (fp8 = E4M3, fp8_e5m2), int8 with a scale
+per row, and the float ones.
 
 * Names: vLLM's, validated in the config (one line naming the choices), on the CLI.
 * Memory: the plan and the engine count tokens at the stored width: twice bf16's tokens
@@ -7,6 +8,9 @@
   cache holding the same rows rounded to fp8 (the cast is the only change; the
   attention math is the same), and rows beyond E4M3's range saturate at ±448 instead of
   becoming NaN (E5M2: at ±57344, not inf).
+* int8: a row is ``round(x / s)`` with ``s = amax / 127`` in fp16 appended, so every
+  value is within half a step of the row's scale; the reference over an int8 cache equals
+  the reference over a float32 cache holding the dequantized rows.
 * Engine: greedy decoding with an 8-bit cache runs through chunked prefill, decodes and
   prefix-cache hits (a repeated prompt gives its first run's tokens), on the reference
   platform and on the host's.
@@ -20,7 +24,14 @@ from pathlib import Path
 import pytest
 import torch
 from glowlm import LLM, SamplingParams
-from glowlm.attention.backend import AttentionLayerSpec, resolve_kv_cache_dtype, to_cache
+from glowlm.attention.backend import (
+    AttentionLayerSpec,
+    dequantize_int8_rows,
+    kv_row_size,
+    quantize_int8_rows,
+    resolve_kv_cache_dtype,
+    to_cache,
+)
 from glowlm.attention.reference import ReferenceAttentionBackend
 from glowlm.config import EngineConfig
 from glowlm.engine.memory import plan_memory
@@ -33,6 +44,7 @@ from glowlm.testing.tiny_models import SMALL_ENGINE, make_tiny_model
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
 FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
        "fp8_e5m2": torch.float8_e5m2}
+EIGHT_BIT = {**FP8, "int8": torch.int8}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +54,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_names_resolve_and_a_bad_one_is_one_line() -> None:
     assert resolve_kv_cache_dtype("auto", torch.bfloat16) is torch.bfloat16
-    for name, dtype in FP8.items():
+    for name, dtype in EIGHT_BIT.items():
         assert resolve_kv_cache_dtype(name, torch.bfloat16) is dtype
     with pytest.raises(ConfigError, match=r"--kv-cache-dtype 'int4' is not one of auto, "):
         EngineConfig.create("m", kv_cache_dtype="int4")
@@ -76,6 +88,25 @@ def test_eight_bit_caches_hold_twice_the_tokens(tiny: Path) -> None:
     tokens = fp8.kv_cache_bytes // fp8.kv_bytes_per_token
     assert f"{tokens} tokens, float8_e4m3fn" in fp8.describe()
     assert f"{tokens // 2} tokens, bfloat16" in bf16.describe()
+    # int8: each row keeps its 2-byte scale beside head_size values.
+    c = info.hf_config
+    int8, hs = plan("int8"), getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    assert int8.kv_bytes_per_token * hs == fp8.kv_bytes_per_token * kv_row_size(hs, torch.int8)
+    assert "int8" in int8.describe()
+
+
+def test_int8_rows_round_trip_within_half_a_step() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 3, 64, generator=g) * torch.tensor([0.01, 1.0, 300.0])[:, None]
+    x[0, 0] = 0.0  # an all-zero row: scale 0, values 0
+    rows = quantize_int8_rows(x.to(torch.bfloat16))
+    assert rows.dtype is torch.int8 and rows.shape == (5, 3, 66)
+    scale = rows[..., 64:].contiguous().view(torch.float16).float()
+    assert scale[0, 0].item() == 0.0 and rows[0, 0].eq(0).all()
+    back = dequantize_int8_rows(rows)
+    xb = x.to(torch.bfloat16).float()
+    assert ((back - xb).abs() <= scale * 0.5 + 1e-12).all()
+    assert rows[..., :64].abs().amax(-1)[1:].ge(126).all()  # the row's largest value: ±127
 
 
 def test_to_cache_saturates() -> None:
@@ -110,6 +141,27 @@ def test_reference_reads_the_rounded_rows(kv_dtype: torch.dtype) -> None:
     torch.testing.assert_close(fp8_cache.float(), f32_cache, rtol=0, atol=0)
 
 
+def test_reference_reads_the_dequantized_int8_rows() -> None:
+    """Attention over an int8 cache is attention over its rows dequantized."""
+    ref = ReferenceAttentionBackend()
+    heads, kv_heads, hs, block = 4, 2, 32, 32
+    spec = AttentionLayerSpec(heads, kv_heads, hs, hs ** -0.5)
+    g = torch.Generator().manual_seed(0)
+    steps, tables = [(37, 37), (1, 1)], [[3, 1], [0]]
+    tokens = sum(q for q, _ in steps)
+    q, k, v = (torch.randn(tokens, h, hs, generator=g) for h in (heads, kv_heads, kv_heads))
+    int8_cache = torch.zeros(2, 4, kv_heads, block, kv_row_size(hs, torch.int8),
+                             dtype=torch.int8)
+    f32_cache = torch.zeros(2, 4, kv_heads, block, hs)
+    got = ref.forward(spec, q, k, v, int8_cache, ref.build_metadata(step_metadata(
+        steps, tables, block)))
+    kr, vr = (dequantize_int8_rows(quantize_int8_rows(t)) for t in (k, v))
+    want = ref.forward(spec, q, kr, vr, f32_cache, ref.build_metadata(step_metadata(
+        steps, tables, block)))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dequantize_int8_rows(int8_cache), f32_cache, rtol=0, atol=0)
+
+
 def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
@@ -118,12 +170,12 @@ def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("platform", ["generic", None], ids=["reference", "host"])
-@pytest.mark.parametrize("kv", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("kv", ["fp8", "fp8_e5m2", "int8"])
 def test_engine_runs_on_an_eight_bit_cache(tiny: Path, kv: str, platform: str | None) -> None:
     prompts = [list(range(5, 5 + n)) for n in (3, 45, 90)]
     llm = LLM(str(tiny), platform=platform, kv_cache_dtype=kv, dtype="float32",
               max_num_batched_tokens=64, **SMALL_ENGINE)
-    assert all(c.dtype is FP8[kv] for c in llm.engine.runner.kv_caches)
+    assert all(c.dtype is EIGHT_BIT[kv] for c in llm.engine.runner.kv_caches)
     first = _greedy(llm, prompts)
     assert _greedy(llm, prompts) == first  # prefix-cache hits read the same 8-bit blocks
     assert all(len(t) == 10 for t in first)

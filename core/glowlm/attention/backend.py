@@ -19,17 +19,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-#: ``--kv-cache-dtype`` names (vLLM's) -> the cache's storage dtype; ``auto`` is the
-#: model's dtype. ``fp8`` is E4M3 (vLLM's default fp8), with no scale: K and V are stored
-#: as they are, saturated at ±448 (E4M3's largest finite value; activations this large
-#: do not occur in the models glowlm runs, and saturating keeps an outlier finite
-#: instead of NaN). E5M2 keeps fp16's range with 2 mantissa bits.
+#: ``--kv-cache-dtype`` names (vLLM's, and glowlm's ``int8``) -> the cache's storage
+#: dtype; ``auto`` is the model's dtype. ``fp8`` is E4M3 (vLLM's default fp8), with no
+#: scale: K and V are stored as they are, saturated at ±448 (E4M3's largest finite value;
+#: activations this large do not occur in the models glowlm runs, and saturating keeps an
+#: outlier finite instead of NaN). E5M2 keeps fp16's range with 2 mantissa bits.
+#: ``int8`` stores each row (one token's K or V of one kv head) as ``head_size`` int8
+#: values and the row's fp16 scale (:func:`quantize_int8_rows`).
 KV_CACHE_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
     "float32": torch.float32, "float": torch.float32,
     "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
+    "fp8_e5m2": torch.float8_e5m2, "int8": torch.int8,
 }
+#: Bytes an int8 cache row keeps after its ``head_size`` values: the row's fp16 scale.
+INT8_SCALE_BYTES = 2
 #: The 8-bit float cache dtypes and the largest finite value each stores.
 FP8_MAX: dict[torch.dtype, float] = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
@@ -42,11 +46,50 @@ def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
 
 def to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x`` in the cache's dtype: 8-bit floats saturate at their largest finite value
-    (torch's E5M2 cast would give inf), rounding to nearest even as torch casts."""
+    (torch's E5M2 cast would give inf), rounding to nearest even as torch casts; an
+    int8 cache takes the rows of :func:`quantize_int8_rows` (their scale appended)."""
+    if dtype == torch.int8:
+        return quantize_int8_rows(x)
     limit = FP8_MAX.get(dtype)
     if limit is not None:
         x = x.clamp(-limit, limit)
     return x.to(dtype)
+
+
+def kv_row_size(head_size: int, dtype: torch.dtype) -> int:
+    """Elements one cached row (one token, one kv head, K or V) occupies in a cache of
+    ``dtype``: ``head_size``, plus the fp16 scale's two bytes in an int8 cache."""
+    return head_size + INT8_SCALE_BYTES if dtype == torch.int8 else head_size
+
+
+def quantize_int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[..., head_size]`` rows -> ``[..., head_size + 2]`` int8: the values
+    ``round(x / s)`` in ``[-127, 127]`` and, in the last two bytes, ``s`` as fp16.
+
+    Why one scale per row (per token and kv head) rather than per block: a block is
+    written a token at a time, so a block-wide scale would either be fixed by the first
+    token (saturating a later, larger one) or grow and requantize the rows already
+    stored, adding a rounding at every growth. A row's scale is final when it is
+    written, costs 2 bytes in ``head_size + 2`` (1.94x bf16's tokens at head 64), and
+    folds into the score and the softmax weight of its key. ``s`` is ``amax / 127``
+    rounded to fp16, and the values are divided by that rounded scale (the compiled
+    kernels compute the same, so both write the same bytes); an all-zero row has
+    ``s = 0`` and zero values."""
+    xf = x.float()
+    scale = (xf.abs().amax(-1, keepdim=True) / 127.0).to(torch.float16)
+    sf = scale.float()
+    q = torch.where(sf > 0, xf / torch.where(sf > 0, sf, 1.0), 0.0)
+    q = q.round().clamp(-127, 127).to(torch.int8)
+    return torch.cat([q, scale.view(torch.int8)], dim=-1)
+
+
+def dequantize_int8_rows(rows: torch.Tensor, dtype: torch.dtype = torch.float32
+                         ) -> torch.Tensor:
+    """The inverse of :func:`quantize_int8_rows`: ``[..., head_size + 2]`` int8 rows ->
+    ``[..., head_size]`` values ``q * s`` in ``dtype`` (computed in fp32)."""
+    hs = rows.shape[-1] - INT8_SCALE_BYTES
+    scale = rows[..., hs:].contiguous().view(torch.float16).float()
+    return (rows[..., :hs].float() * scale).to(dtype)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_size: int,
@@ -58,7 +101,7 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_size: int,
     so the number of blocks the plan promises is the number the engine allocates.
     """
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * num_kv_heads * head_size * elem
+    return 2 * num_layers * num_kv_heads * kv_row_size(head_size, dtype) * elem
 
 
 @dataclass
@@ -120,7 +163,10 @@ class AttentionBackend(ABC):
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int,
                        head_size: int) -> tuple[int, ...]:
-        """Shape of one layer's cache; default ``[2, blocks, kv_heads, block, head]``."""
+        """Shape of one layer's cache; default ``[2, blocks, kv_heads, block, head]``.
+
+        ``head_size`` is the stored row's width, :func:`kv_row_size`: the head size, or
+        ``head_size + 2`` for an int8 cache, whose rows end in their fp16 scale."""
         return (2, num_blocks, num_kv_heads, block_size, head_size)
 
     def build_metadata(self, metadata: AttentionMetadata) -> AttentionMetadata:

@@ -20,6 +20,7 @@ from glowlm.attention.backend import (
     AttentionBackend,
     AttentionLayerSpec,
     AttentionMetadata,
+    dequantize_int8_rows,
     to_cache,
 )
 
@@ -36,7 +37,8 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int,
               first_block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``[seqs, kv_heads, tokens, head]`` K and V for each row of ``block_tables``: the
-    positions ``first_block * block_size ... num_tokens - 1`` (a window skips the rest)."""
+    positions ``first_block * block_size ... num_tokens - 1`` (a window skips the rest);
+    an int8 cache's rows come back dequantized, in fp32."""
     _, _, heads, block_size, head = kv_cache.shape
     nblocks = -(-num_tokens // block_size)
     table = block_tables[:, first_block:nblocks].long()
@@ -46,7 +48,10 @@ def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: in
     k = k.permute(0, 2, 1, 3, 4).reshape(table.shape[0], heads, width, head)
     v = v.permute(0, 2, 1, 3, 4).reshape(table.shape[0], heads, width, head)
     keep = num_tokens - first_block * block_size
-    return k[:, :, :keep], v[:, :, :keep]
+    k, v = k[:, :, :keep], v[:, :, :keep]
+    if kv_cache.dtype == torch.int8:  # rows of values and their scale: widen to fp32
+        k, v = dequantize_int8_rows(k), dequantize_int8_rows(v)
+    return k, v
 
 
 def _decode_window(metadata: AttentionMetadata, window: int) -> tuple[int, torch.Tensor]:

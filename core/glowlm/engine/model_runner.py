@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from glowlm import envs
-from glowlm.attention.backend import AttentionBackend, AttentionMetadata
+from glowlm.attention.backend import AttentionBackend, AttentionMetadata, kv_row_size
 from glowlm.engine.outputs import Logprob, PositionLogprobs
 from glowlm.engine.scheduler import SchedulerOutput
 from glowlm.engine.sequence import Sequence
@@ -110,7 +110,7 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = backend.kv_cache_shape(num_blocks, block_size, model.num_kv_heads,
-                                       model.head_size)
+                                       kv_row_size(model.head_size, kv_dtype))
         # A pipeline stage allocates the caches of its own layers only.
         own = set(getattr(model, "kv_layers", range(model.num_layers)))
         # Mapped, not malloc'd: zeroed lazily by the kernel, freed back to the system

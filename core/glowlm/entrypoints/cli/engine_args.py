@@ -91,7 +91,8 @@ def add_engine_args(p: argparse.ArgumentParser, online: bool = False) -> None:
                    "platform's block_size_multiple (32 on every in-tree platform; default 128)")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPE_NAMES, metavar="DTYPE",
                    help="KV cache storage: auto (the model's dtype), bfloat16, float16, "
-                        "float32, fp8 (= fp8_e4m3), fp8_e5m2; 8-bit holds twice the tokens "
+                        "float32, fp8 (= fp8_e4m3), fp8_e5m2, int8 (a scale per row); 8-bit "
+                        "holds about twice the tokens "
                         "in the same GLOWLM_CPU_KVCACHE_SPACE (docs/kv-cache.md)")
     g.add_argument("--max-num-batched-tokens", type=human_int,
                    help=f"tokens per engine step (default {tokens} x world size {where})")

@@ -10,7 +10,8 @@ core's references (:mod:`glowlm.ops.reference`, the reference attention backend,
 - :func:`check_attention`: two engine-shaped steps (prefills, a chunk continuing a
   prefix, decodes) through the platform's attention backend, in its own cache
   layout, against the reference backend; :func:`check_attention_fp8` the same over
-  8-bit caches (``--kv-cache-dtype fp8`` / ``fp8_e5m2``);
+  8-bit float caches (``--kv-cache-dtype fp8`` / ``fp8_e5m2``), and
+  :func:`check_attention_int8` over int8 caches with a scale per row;
 - :func:`check_linear`: the unquantized linear method, decode and prefill shapes,
   against ``F.linear``;
 - :func:`check_model`: a tiny seeded checkpoint end to end through the engine on
@@ -56,6 +57,7 @@ from glowlm.platforms.interface import Match, Platform, dtype_name
 from glowlm.testing.contract.attention import (
     check_attention,
     check_attention_fp8,
+    check_attention_int8,
     step_metadata,
 )
 from glowlm.testing.contract.choice import check_linear_choice
@@ -81,8 +83,9 @@ def platform_for(cls: type[Platform], host: Any = None) -> Platform | None:
 
 
 #: Every check, in the order :func:`cases` yields them.
-CHECKS: tuple[Check, ...] = (check_ops, check_attention, check_attention_fp8, check_linear,
-                             check_model, check_model_layernorm)
+CHECKS: tuple[Check, ...] = (check_ops, check_attention, check_attention_fp8,
+                             check_attention_int8, check_linear, check_model,
+                             check_model_layernorm)
 
 
 def cases(platform: Platform | None, dtypes: Iterable[torch.dtype] | None = None
@@ -110,6 +113,7 @@ def run_all(platform: Platform, dtypes: Iterable[torch.dtype] | None = None) -> 
 
 
 __all__ = ["CHECKS", "GEMM_TOL", "REFERENCE_OPS", "TOL", "Check", "case_id", "cases",
-           "check_attention", "check_attention_fp8", "check_linear", "check_linear_choice",
+           "check_attention", "check_attention_fp8", "check_attention_int8", "check_linear",
+           "check_linear_choice",
            "check_model", "check_model_layernorm", "check_ops", "check_reference_fallback",
            "platform_for", "run_all", "step_metadata", "tiny_model"]

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 import torch
 
-from glowlm.attention.backend import AttentionLayerSpec, AttentionMetadata
+from glowlm.attention.backend import AttentionLayerSpec, AttentionMetadata, kv_row_size
 from glowlm.attention.reference import ReferenceAttentionBackend
 from glowlm.platforms.interface import Platform, dtype_name
 from glowlm.testing.contract.common import TOL, close, gen, randn
@@ -63,8 +63,9 @@ def check_attention(platform: Platform, dtype: torch.dtype, heads: int = 8, kv_h
     num_blocks = 16
     caches = {}
     for name, b in (("platform", backend), ("reference", ref)):
-        shape = b.kv_cache_shape(num_blocks, block, kv_heads, head_size)
-        caches[name] = torch.zeros(shape, dtype=kv_dtype or dtype)
+        row = kv_row_size(head_size, kv_dtype or dtype)
+        caches[name] = torch.zeros(b.kv_cache_shape(num_blocks, block, kv_heads, row),
+                                   dtype=kv_dtype or dtype)
     for step_no, step in enumerate((_STEP1, _STEP2)):
         tokens = sum(q for _, q, _ in step)
         q = randn(tokens, heads, head_size, dtype=dtype, seed=10 + step_no)
@@ -92,3 +93,12 @@ def check_attention_fp8(platform: Platform, dtype: torch.dtype) -> None:
     the tolerance is the activation dtype's."""
     for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         check_attention(platform, dtype, kv_dtype=kv_dtype)
+
+
+def check_attention_int8(platform: Platform, dtype: torch.dtype) -> None:
+    """``--kv-cache-dtype int8``: the platform's backend against the reference over the
+    same int8 caches (rows of values and their fp16 scale). Both quantize a row the same
+    way (``glowlm.attention.backend.quantize_int8_rows``: the same fp32 division by the
+    same rounded scale), so they store the same bytes and read the same values; what
+    differs is only the order of the fp32 sums: the tolerance is the activation dtype's."""
+    check_attention(platform, dtype, kv_dtype=torch.int8)

@@ -40,6 +40,11 @@ inline VecF load(const fp8e4m3* p) {
   __m128i h = _mm_add_epi16(t, _mm_and_si128(t, _mm_set1_epi16(0x4000)));
   return {_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f))};
 }
+// 8 int8 values (an int8 KV cache row) -> fp32.
+inline VecF load(const int8_t* p) {
+  return {_mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
+}
 inline void store(float* p, VecF a) { _mm256_storeu_ps(p, a.v); }
 inline void store(bf16* p, VecF a) {
   // Round to nearest even: add 0x7fff + lsb of the kept half, then keep the top 16 bits.

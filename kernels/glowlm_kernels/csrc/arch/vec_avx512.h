@@ -47,6 +47,11 @@ inline VecF load(const fp8e4m3* p) {
   __m256i h = _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
   return {_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f))};
 }
+// 16 int8 values (an int8 KV cache row) -> fp32.
+inline VecF load(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
 inline void store(float* p, VecF a) { _mm512_storeu_ps(p, a.v); }
 inline void store(bf16* p, VecF a) {
   __m512i i = _mm512_castps_si512(a.v);

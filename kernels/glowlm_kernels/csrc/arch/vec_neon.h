@@ -53,6 +53,11 @@ inline VecF load(const fp8e4m3* p) {
   const float32x4_t k = vdupq_n_f32(256.0f);
   return {vmulq_f32(vcvt_f32_f16(vget_low_f16(h)), k), vmulq_f32(vcvt_high_f32_f16(h), k)};
 }
+// 8 int8 values (an int8 KV cache row) -> fp32.
+inline VecF load(const int8_t* p) {
+  const int16x8_t h = vmovl_s8(vld1_s8(p));
+  return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(h))), vcvtq_f32_s32(vmovl_high_s16(h))};
+}
 inline void store(float* p, VecF a) {
   vst1q_f32(p, a.lo);
   vst1q_f32(p + 4, a.hi);

@@ -57,6 +57,11 @@ inline VecF load(const fp8e4m3* p) {
   for (int i = 0; i < W; ++i) a.v[i] = to_float(p[i]);
   return a;
 }
+inline VecF load(const int8_t* p) {  // an int8 KV cache row
+  VecF a;
+  for (int i = 0; i < W; ++i) a.v[i] = static_cast<float>(p[i]);
+  return a;
+}
 inline void store(float* p, VecF a) { std::memcpy(p, &a.v, sizeof(F8)); }
 inline void store(bf16* p, VecF a) {
   // Round to nearest even through the integer bits; NaN stays a quiet NaN.

@@ -1,4 +1,5 @@
-// Paged attention (torch-free) over the KV cache [2, num_blocks, num_kv_heads, block_size, head_size].
+// Paged attention (torch-free) over the KV cache [2, num_blocks, num_kv_heads, block_size, row]
+// (row = head_size, or head_size + 2 in an int8 cache: the values, then the row's fp16 scale).
 //
 // One kernel serves decode and (chunked) prefill: sequence i's new tokens are
 // query rows query_start_loc[i]..query_start_loc[i+1], and query j of a chunk of
@@ -44,7 +45,25 @@ struct Geometry {
       max_blocks;
   float scale;  // applied to q.k here, so the query needs no scaled copy
   int64_t window = 0;  // > 0: a query at position q sees keys p with q - window < p <= q
+  int64_t row = 0;     // elements per cached row: head_size (0) or head_size + 2 (int8)
+  int64_t row_size() const { return row > 0 ? row : head_size; }
 };
+
+// An int8 cache row: head_size values round(x / s) in [-127, 127], then s in two bytes as
+// fp16, s = amax|x| / 127 rounded to fp16 and x divided by that rounded s, in fp32 and
+// rounding half to even: the bytes glowlm.attention.backend.quantize_int8_rows writes.
+// An all-zero row stores s = 0 and zeros.
+inline void quantize_row_int8(const float* x, int64_t hs, int8_t* dst) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < hs; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const fp16 sh = from_float<fp16>(amax / 127.0f);
+  const float s = to_float(sh);
+  for (int64_t i = 0; i < hs; ++i) {
+    const float q = s > 0.0f ? std::nearbyint(x[i] / s) : 0.0f;
+    dst[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+  }
+  std::memcpy(dst + hs, &sh, sizeof(sh));
+}
 
 // Query rows up to which a block of C is read directly (widened in registers by every
 // row) rather than widened once into fp32 scratch. E4M3 costs more to widen than to
@@ -52,17 +71,31 @@ struct Geometry {
 // llama-1b decode shape (group 4, 16 k keys, AVX512_BF16 Xeon, 2 threads): direct
 // 5.1 ms, scratch 3.2 ms; E5M2 (fp16's top byte) widens as cheaply as bf16: direct 3.0 ms,
 // scratch 3.2 ms (bf16 2.4-2.9 ms).
+// An int8 block always goes through scratch: its rows carry a scale each, which the
+// direct path's loads do not apply.
 template <typename C>
 constexpr int64_t direct_rows() {
+  if constexpr (std::is_same_v<C, int8_t>) return 0;
   return std::is_same_v<C, fp8e4m3> ? 1 : kDirectRows;
 }
 
+// n rows of hs values (rows rs elements apart in the cache) as fp32 [n, hs]: the cache
+// itself for fp32, else widened into scratch; int8 rows times their scale.
 template <typename C>
-const float* block_as_float(const C* src, int64_t n, float* scratch) {
+const float* block_as_float(const C* src, int64_t n, int64_t hs, int64_t rs, float* scratch) {
   if constexpr (std::is_same_v<C, float>) {
     return src;
+  } else if constexpr (std::is_same_v<C, int8_t>) {
+    for (int64_t t = 0; t < n; ++t) {
+      const int8_t* r = src + t * rs;
+      fp16 sh;
+      std::memcpy(&sh, r + hs, sizeof(sh));
+      const VecF s = set1(to_float(sh));
+      for (int64_t i = 0; i < hs; i += W) store(scratch + t * hs + i, mul(load(r + i), s));
+    }
+    return scratch;
   } else {
-    for (int64_t i = 0; i < n; i += W) store(scratch + i, load(src + i));
+    for (int64_t i = 0; i < n * hs; i += W) store(scratch + i, load(src + i));
     return scratch;
   }
 }
@@ -71,7 +104,7 @@ const float* block_as_float(const C* src, int64_t n, float* scratch) {
 template <typename C, int NV>
 void attend(const Task& task, const Geometry& g, const float* q, float* out, const C* cache,
             const int32_t* tables, const int32_t* qsl, const int32_t* seq_lens) {
-  const int64_t hs = g.head_size, bs = g.block_size;
+  const int64_t hs = g.head_size, bs = g.block_size, rs = g.row_size();
   const int nv = NV ? NV : static_cast<int>(hs / W);
   const int64_t tok0 = qsl[task.seq], qlen = qsl[task.seq + 1] - tok0;
   const int64_t ctx = seq_lens[task.seq];
@@ -160,15 +193,15 @@ void attend(const Task& task, const Geometry& g, const float* q, float* out, con
   const bool direct = rows <= direct_rows<C>();
   for (int64_t b = first_key / bs; b * bs < max_keys; ++b) {
     const int64_t n = std::min(bs, max_keys - b * bs);
-    const C* base = cache + table[b] * g.block_stride + task.kv_head * bs * hs;
+    const C* base = cache + table[b] * g.block_stride + task.kv_head * bs * rs;
     const C* next_k = (b + 1) * bs < max_keys
-                          ? cache + table[b + 1] * g.block_stride + task.kv_head * bs * hs
+                          ? cache + table[b + 1] * g.block_stride + task.kv_head * bs * rs
                           : nullptr;
     if (direct) {
       block(b, n, base, base + g.kv_stride, next_k);
     } else {
-      block(b, n, block_as_float(base, n * hs, kbuf.data()),
-            block_as_float(base + g.kv_stride, n * hs, vbuf.data()), nullptr);
+      block(b, n, block_as_float(base, n, hs, rs, kbuf.data()),
+            block_as_float(base + g.kv_stride, n, hs, rs, vbuf.data()), nullptr);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -219,6 +252,24 @@ void write_kv(T* cache, int64_t kv_stride, int64_t bs, const T* k, int64_t ks, i
       T* dst = cache + ((blk * heads + h) * bs + off) * hs;
       std::memcpy(dst, k + t * ks + h * kh, hs * sizeof(T));
       std::memcpy(dst + kv_stride, v + t * vs + h * vh, hs * sizeof(T));
+    }
+  });
+}
+
+// write_kv for an int8 cache: fp32 key/value rows ([tokens, heads, hs], strides as above)
+// quantized by quantize_row_int8 into rows of hs + 2 bytes at slots[t].
+inline void write_kv_int8(int8_t* cache, int64_t kv_stride, int64_t bs, const float* k,
+                          int64_t ks, int64_t kh, const float* v, int64_t vs, int64_t vh,
+                          const int64_t* slots, int64_t tokens, int64_t heads, int64_t hs) {
+  const int64_t rs = hs + 2;
+  parallel_for(0, tokens * heads, 64, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t t = i / heads, h = i % heads, slot = slots[t];
+      if (slot < 0) continue;  // padding token: nothing to store
+      const int64_t blk = slot / bs, off = slot % bs;
+      int8_t* dst = cache + ((blk * heads + h) * bs + off) * rs;
+      quantize_row_int8(k + t * ks + h * kh, hs, dst);
+      quantize_row_int8(v + t * vs + h * vh, hs, dst + kv_stride);
     }
   });
 }

@@ -19,12 +19,17 @@ static at::Tensor to_cache(const at::Tensor& x, at::ScalarType dtype) {
   return x.to(dtype);
 }
 
+// Elements per cached row: the head size, and an int8 row's two scale bytes.
+static int64_t row_size(int64_t head_size, at::ScalarType dtype) {
+  return dtype == at::kChar ? head_size + 2 : head_size;
+}
+
 void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
               const at::Tensor& slot_mapping_in) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
-              "write_kv: kv_cache must be a contiguous [2, blocks, kv_heads, block, head]");
+              "write_kv: kv_cache must be a contiguous [2, blocks, kv_heads, block, row]");
   TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes() && key.size(1) == kv_cache.size(2)
-                  && key.size(2) == kv_cache.size(4),
+                  && row_size(key.size(2), kv_cache.scalar_type()) == kv_cache.size(4),
               "write_kv: key/value must be [tokens, kv_heads, head_size] matching the cache");
   at::Tensor k = key.stride(2) == 1 ? key : key.contiguous();
   at::Tensor v = value.stride(2) == 1 ? value : value.contiguous();
@@ -34,6 +39,15 @@ void write_kv(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& val
   const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t)
     TORCH_CHECK(sp[t] < total, "write_kv: slot ", sp[t], " beyond the cache's ", total);
+  if (kv_cache.scalar_type() == at::kChar) {  // quantized row by row, as fp32
+    at::Tensor kf = k.to(at::kFloat), vf = v.to(at::kFloat);
+    kf = kf.stride(2) == 1 ? kf : kf.contiguous();
+    vf = vf.stride(2) == 1 ? vf : vf.contiguous();
+    cpu::write_kv_int8(kv_cache.data_ptr<int8_t>(), kv_cache.stride(0), bs,
+                       kf.data_ptr<float>(), kf.stride(0), kf.stride(1), vf.data_ptr<float>(),
+                       vf.stride(0), vf.stride(1), sp, tokens, heads, hs);
+    return;
+  }
   at::Tensor k_c = to_cache(k, kv_cache.scalar_type()), v_c = to_cache(v, kv_cache.scalar_type());
   GLOWLM_DISPATCH_KV_TYPES(kv_cache.scalar_type(), "write_kv", [&] {
     cpu::write_kv(ptr<scalar_t>(kv_cache), kv_cache.stride(0), bs, ptr<scalar_t>(k_c),
@@ -54,9 +68,10 @@ at::Tensor paged_attention_window(const at::Tensor& query, const at::Tensor& kv_
   TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0 (0: none)");
   TORCH_CHECK(query.dim() == 3, "paged_attention: query must be [tokens, heads, head_size]");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
-              "paged_attention: kv_cache must be a contiguous [2, blocks, kv_heads, block, head]");
+              "paged_attention: kv_cache must be a contiguous [2, blocks, kv_heads, block, row]");
   const int64_t heads = query.size(1), kv_heads = kv_cache.size(2), hs = query.size(2);
-  TORCH_CHECK(kv_cache.size(4) == hs && heads % kv_heads == 0,
+  const int64_t rs = row_size(hs, kv_cache.scalar_type());
+  TORCH_CHECK(kv_cache.size(4) == rs && heads % kv_heads == 0,
               "paged_attention: head sizes differ or heads not a multiple of kv heads");
   TORCH_CHECK(hs % W == 0, "paged_attention: head_size ", hs, " must be a multiple of ", W,
               " on ", kIsa);
@@ -68,8 +83,10 @@ at::Tensor paged_attention_window(const at::Tensor& query, const at::Tensor& kv_
   const int64_t seqs = lens.numel();
   TORCH_CHECK(qsl.numel() == seqs + 1 && tables.dim() == 2 && tables.size(0) >= seqs,
               "paged_attention: query_start_loc must be [seqs + 1], block_tables [seqs, *]");
-  const cpu::Geometry g{heads, kv_heads, heads / kv_heads, hs, bs, kv_heads * bs * hs,
-                   kv_cache.stride(0), tables.size(1), static_cast<float>(scale), window};
+  const cpu::Geometry g{heads,         kv_heads,           heads / kv_heads,
+                       hs,            bs,                 kv_heads * bs * rs,
+                       kv_cache.stride(0), tables.size(1), static_cast<float>(scale),
+                       window,        rs};
   const int32_t* qp = qsl.data_ptr<int32_t>();
   const int32_t* lp = lens.data_ptr<int32_t>();
   for (int64_t s = 0; s < seqs; ++s) {

@@ -39,10 +39,16 @@ inline T* ptr(const at::Tensor& t) {
                   " (supported: float32, bfloat16, float16)");                 \
   }
 
-// The KV cache's dtypes: the three float types, and the 8-bit floats of
-// --kv-cache-dtype fp8 / fp8_e5m2 (c10::Float8_e4m3fn / Float8_e5m2's layout).
+// The KV cache's dtypes: the three float types, the 8-bit floats of
+// --kv-cache-dtype fp8 / fp8_e5m2 (c10::Float8_e4m3fn / Float8_e5m2's layout), and
+// int8 (rows of values and their fp16 scale, cpu/attention.h).
 #define GLOWLM_DISPATCH_KV_TYPES(DTYPE, NAME, ...)                            \
   switch (DTYPE) {                                                             \
+    case at::kChar: {                                                          \
+      using scalar_t = int8_t;                                                 \
+      __VA_ARGS__();                                                           \
+      break;                                                                   \
+    }                                                                          \
     case at::kFloat8_e4m3fn: {                                                 \
       using scalar_t = glowlm::fp8e4m3;                                        \
       __VA_ARGS__();                                                           \

@@ -27,15 +27,16 @@ from glowlm.plugin_api import (
 
 from glowlm_x86.kernels import ops
 
-#: Cache dtypes the kernel reads: the float types, and the 8-bit floats of
-#: ``--kv-cache-dtype fp8`` / ``fp8_e5m2``, widened to fp32 in registers as they are read
-#: (never into a copy of the cache), so decode attention reads half of bf16's bytes.
+#: Cache dtypes the kernel reads: the float types, the 8-bit floats of
+#: ``--kv-cache-dtype fp8`` / ``fp8_e5m2``, and ``int8`` (rows of values and their fp16
+#: scale), widened to fp32 in registers as they are read (never into a copy of the
+#: cache), so decode attention reads about half of bf16's bytes.
 KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
-             torch.float8_e5m2)
+             torch.float8_e5m2, torch.int8)
 
 
 class X86AttentionBackend(AttentionBackend):
-    """Compiled decode + chunked-prefill attention (GQA/MQA; fp32/bf16/fp16/fp8 KV)."""
+    """Compiled decode + chunked-prefill attention (GQA/MQA; fp32/bf16/fp16/fp8/int8 KV)."""
 
     name = "x86"
 
