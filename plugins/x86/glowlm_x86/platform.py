@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,6 +42,32 @@ ZENTORCH_HINT = ("AMD Zen CPU with AVX-512 detected but zentorch is not installe
                  "ZenDNN kernels")
 
 
+#: The kernel modules each detected ISA family may load (the live CPU picks among them).
+FAMILY_MODULES = {"avx2": ("avx2",), "avx512": ("avx512", "avx512-bf16", "avx2")}
+
+
+def installed_kernels(isa: str) -> tuple[str, ...]:
+    """The compiled ops, where ``pip install`` built a module this ISA family loads; else ``()``.
+
+    What ``glowlm platforms`` prints before anything is loaded: listing the ops from
+    the CPU alone would name kernels an install without a compiler (or with
+    ``GLOWLM_BUILD_KERNELS=0``) does not have, and listing none would call a host
+    whose modules are installed a reference host. A failed load empties the list again
+    (:meth:`X86Platform.kernels`), so what is listed is what runs.
+    """
+    from glowlm_kernels import build
+
+    from glowlm_x86.kernels.ops import OP_NAMES
+
+    if core_env().disable_kernels:
+        return ()
+    package = Path(__file__).resolve().parent
+    for variant in FAMILY_MODULES.get(isa, ()):
+        if any(package.glob(f"{build.VARIANTS['x86'][variant].stem}.*so")):
+            return OP_NAMES
+    return ()
+
+
 class X86Platform(Platform):
     """Linux x86_64 with AVX-512 or AVX2.
 
@@ -56,8 +83,9 @@ class X86Platform(Platform):
     ``glowlm_x86.kernels`` when they load, core's reference parts otherwise
     (``GLOWLM_DISABLE_KERNELS=1``, no compiler, a failed build). Loading is lazy:
     the first of those calls (engine construction) builds or loads the module, so
-    detection and ``glowlm platforms`` never compile. Afterwards
-    ``capabilities.kernels`` names the ops that loaded.
+    detection and ``glowlm platforms`` never compile. Before the load
+    ``capabilities.kernels`` names the ops where the install built a module
+    (:func:`installed_kernels`); afterwards, the ops that loaded.
     """
 
     name = "x86"
@@ -88,10 +116,12 @@ class X86Platform(Platform):
 
     @classmethod
     def capabilities_for(cls, host: HostInfo, match: Match) -> Capabilities:
+        isa = match.isa or "avx2"
         return Capabilities(
-            isa=match.isa or "avx2",
+            isa=isa,
             dtypes=(torch.bfloat16, torch.float32, torch.float16),
             quantization=X86_QUANTIZATION,
+            kernels=installed_kernels(isa),
         )
 
     def startup_notes(self) -> list[str]:
@@ -101,6 +131,11 @@ class X86Platform(Platform):
         elif not (self.host.has_flag("avx512_bf16") or self.host.has_flag("amx_bf16")):
             notes.append("no avx512_bf16/amx_bf16: bfloat16 matmuls are converted through "
                          "float32 (correct, slower than on CPUs with native bf16)")
+        if not self._kernels_tried and not self.capabilities.kernels \
+                and not core_env().disable_kernels:
+            notes.append("glowlm-x86: kernels not built at install (no compiler then, or "
+                         "GLOWLM_BUILD_KERNELS=0): compiled on first use where a C++ "
+                         "compiler is present, core's reference kernels otherwise")
         if is_amd_avx512(self.host) and not self.host.has_module("zentorch"):
             notes.append(ZENTORCH_HINT)
         return notes
@@ -126,7 +161,14 @@ class X86Platform(Platform):
             if not self._kernels_tried:
                 self._kernels_tried = True
                 self._library = self._load_kernels()
-                if self._library is not None:
+                if self._library is None:
+                    # What is listed is what runs: a failed load or a disabled build
+                    # leaves the reference parts (and Zen's own zentorch linear).
+                    from glowlm_x86.kernels.ops import OP_NAMES
+
+                    names = tuple(n for n in self.capabilities.kernels if n not in OP_NAMES)
+                    self.capabilities = dataclasses.replace(self.capabilities, kernels=names)
+                else:
                     from glowlm_x86.kernels.ops import OP_NAMES
 
                     # Keep what a subclass already declared (Zen: its zentorch linear).

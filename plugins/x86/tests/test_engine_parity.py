@@ -20,7 +20,7 @@ from glowlm.testing.tiny_models import ARCHITECTURES, VOCAB, make_tiny_model
 from glowlm_x86.kernels.linear import X86LinearMethod
 from glowlm_x86.kernels.ops import OP_NAMES
 from glowlm_x86.kernels.testing import require_kernels
-from glowlm_x86.platform import X86Platform
+from glowlm_x86.platform import X86Platform, installed_kernels
 
 PROMPT_LENS = (5, 23, 70, 41)
 MAX_TOKENS = 12
@@ -105,7 +105,9 @@ def _live_x86() -> X86Platform:
 def test_platform_names_the_kernels_that_loaded() -> None:
     require_kernels()
     platform = _live_x86()
-    assert platform.capabilities.kernels == ()  # nothing is loaded before an engine asks
+    # Nothing is loaded before an engine asks; the installed modules are listed already.
+    assert platform.capabilities.kernels in ((), OP_NAMES)
+    assert bool(platform.capabilities.kernels) == bool(installed_kernels(platform.capabilities.isa))
     assert platform.ops().replaced() == ["rms_norm", "fused_add_rms_norm", "layer_norm",
                                          "rotary_embedding", "silu_and_mul", "gelu",
                                          "gelu_tanh", "relu", "dense_linear", "fused_moe",
@@ -125,3 +127,18 @@ def test_disable_kernels_gives_the_reference_parts(monkeypatch: pytest.MonkeyPat
     assert platform.ops() is REFERENCE_OPS
     assert platform.attention_backend().name == "reference"
     assert platform.capabilities.kernels == ()
+
+
+def test_an_install_without_modules_lists_no_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``glowlm platforms`` must not name kernels from the CPU alone: with no module
+    installed for the ISA family the list is empty and a start-up note says why."""
+    import glowlm_x86.platform as x86_platform
+
+    monkeypatch.setattr(x86_platform, "FAMILY_MODULES", {"avx2": (), "avx512": ()})
+    cpu = live()
+    match = X86Platform.detect(cpu)
+    if not match.matched:
+        pytest.skip(match.reason)
+    platform = X86Platform(cpu, match)
+    assert platform.capabilities.kernels == ()
+    assert any(n.startswith("glowlm-x86: kernels not built") for n in platform.startup_notes())
