@@ -62,6 +62,19 @@ test-cross: install
 	fi
 	$(VENV)/bin/pytest -q -p no:cacheprovider kernels/tests
 
+# The Arm plugin run for real under emulation (tools/arm64_root.py, docs/platforms.md): an
+# arm64 Debian root (debootstrap + qemu-user-static through binfmt_misc) with PyPI's aarch64
+# torch 2.13.0, glowlm and the Arm plugin, whose neon and neon-bf16 modules are
+# cross-compiled on this host; then, under qemu as a neon CPU (neoverse-n1, Graviton 2's
+# cpuinfo) and a neon-bf16 CPU (max, Graviton 3's), `glowlm platforms`, the Arm plugin's
+# tests (the kernel contract through the torch ops, the measured linear choice) and
+# tests/arm64 (greedy parity with the reference on a tiny Llama and quantized checkpoints,
+# glowlm serve with the openai client). Needs root. The first run builds the root (~15
+# min) and downloads ~600 MB of aarch64 wheels; it is kept in .arm64/ for the next.
+.PHONY: test-arm64
+test-arm64: install
+	$(PY) tools/arm64_root.py $(if $(ARM64_CPU),--cpu $(ARM64_CPU))
+
 # The Docker images built and served (tests/docker, docs/docker.md): docker/Dockerfile's cpu
 # target (kernels compiled in the build, from a debootstrap-made local base when no
 # registry answers), `glowlm serve` in it checked through the published port, the NUMA
@@ -245,6 +258,13 @@ quant-accuracy: install quant-venv
 	test -f $(QUANT_ACCURACY)/reference.json || \
 	  $(QUANT_VENV)/bin/python tools/quant_accuracy.py quantize $(QUANT_ACCURACY)
 	$(PY) tools/quant_accuracy.py compare $(QUANT_ACCURACY)
+
+# What an 8-bit KV cache costs on trained models (tools/kv_accuracy.py, docs/kv-cache.md):
+# perplexity, log-prob drift and greedy agreement of fp8_e4m3 / fp8_e5m2 / int8 against the
+# model-dtype cache, on the default model and Gemma 3 270M.
+.PHONY: kv-accuracy
+kv-accuracy: install
+	$(PY) tools/kv_accuracy.py
 
 clean:
 	rm -rf $(VENV) .ci-local build core/build plugins/*/build

@@ -111,17 +111,26 @@ def tree_files() -> list[Path]:
                   and p.relative_to(CSRC).parts[0] != "test")
 
 
-def source_hash(variant: Variant) -> str:
-    """Hash of the tree, the variant's flags, and the torch and Python versions."""
-    import torch
+def source_hash(variant: Variant, torch_version: str | None = None,
+                python: tuple[int, int] | None = None) -> str:
+    """Hash of the tree, the variant's flags, and the torch and Python versions.
 
+    ``torch_version`` and ``python`` default to this process's; a cross build (``make
+    test-arm64`` compiles the Arm modules on the x86 host for an emulated root) passes
+    the target environment's, so the module it records loads there as prebuilt.
+    """
+    if torch_version is None:
+        import torch
+
+        torch_version = str(torch.__version__)
+    major, minor = python or (sys.version_info.major, sys.version_info.minor)
     h = hashlib.sha256(" ".join(TORCH_SOURCES).encode())  # which files the module links
     for path in tree_files():
         h.update(path.relative_to(CSRC).as_posix().encode())
         h.update(path.read_bytes())
     h.update(" ".join(variant.cflags).encode())
-    h.update(torch.__version__.encode())
-    h.update(f"py{sys.version_info.major}{sys.version_info.minor}".encode())
+    h.update(torch_version.encode())
+    h.update(f"py{major}{minor}".encode())
     return h.hexdigest()[:16]
 
 
