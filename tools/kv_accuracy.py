@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quant_accuracy import PASSAGES, PROMPTS  # noqa: E402
+from quant_accuracy import PASSAGES, PROMPTS, common_prefix  # noqa: E402
 
 KV_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
 
@@ -78,13 +78,7 @@ def metrics(got: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     diffs = [abs(a - b) for g, r in zip(got["logprobs"], base["logprobs"], strict=True)
              for a, b in zip(g, r, strict=True)]
 
-    def common(a: list[int], b: list[int]) -> int:
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        return n
-
-    prefixes = [common(g, r) for g, r in zip(got["greedy"], base["greedy"], strict=True)]
+    prefixes = [common_prefix(g, r) for g, r in zip(got["greedy"], base["greedy"], strict=True)]
     return {
         "ppl_passages": ppl([x for lp in got["logprobs"][:-1] for x in lp]),
         "ppl_long": ppl(got["logprobs"][-1]),

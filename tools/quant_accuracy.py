@@ -201,6 +201,14 @@ def _glowlm(path: Path, ref: dict[str, Any], int8: str) -> dict[str, Any]:
             "kernels": kernels}
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two greedy continuations share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def _metrics(got: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
     import math
 
@@ -209,14 +217,9 @@ def _metrics(got: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
     ppl = math.exp(-sum(x for g in got["logprobs"] for x in g) / len(diffs))
     ref_ppl = math.exp(-sum(x for r in ref["passage_logprobs"] for x in r) / len(diffs))
 
-    def common(a: list[int], b: list[int]) -> int:
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        return n
-
     # A reply that stopped at EOS (shorter) is compared over its own length.
-    prefixes = [common(g, r) for g, r in zip(got["greedy"], ref["greedy"], strict=True)]
+    prefixes = [common_prefix(g, r) for g, r in zip(got["greedy"], ref["greedy"],
+                                                    strict=True)]
     equal = sum(p == len(g) for p, g in zip(prefixes, got["greedy"], strict=True))
     return {"mean_abs_dlogprob": sum(diffs) / len(diffs), "max_abs_dlogprob": max(diffs),
             "ppl": ppl, "ref_ppl": ref_ppl, "tokens": len(diffs),
